@@ -1,0 +1,151 @@
+"""The ``dppo`` command line: ``dppo demo``, ``dppo build``, and the commands later chapters add.
+
+Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _add_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where built models are cached (default: $DPPO_CACHE_DIR or ~/.cache/dppo_core)")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or reuse) the tiny model and, unless --no-warm-start, its warm-started version."""
+    from dppo_core.models import WarmStartConfig, build_tiny_model, warm_start
+
+    t0 = time.perf_counter()
+    base = build_tiny_model(cache_dir=args.cache_dir)
+    print(f"tiny model: {base}")
+    if not args.no_warm_start:
+        warm = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir)
+        print(f"warm-started model: {warm}")
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build and warm-start the tiny model, then print its per-level accuracy on the test split."""
+    import torch
+
+    from dppo_core.evaluate import evaluate_task
+    from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
+    from dppo_core.rollout import HFRollout
+
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    print("1/2 warm start of the embedded tiny model (cached after the first run)")
+    path = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir)
+    model, tokenizer = load_model(path)
+    print(f"    model: {path} ({count_parameters(model) / 1e6:.2f}M parameters)")
+    engine = HFRollout(model, tokenizer)
+    print(f"2/2 evaluation on {args.n_per_level} held-out problems per level")
+    results = {}
+    for name, temperature, samples in (("greedy", 0.0, 1), ("sampled", 1.0, args.samples)):
+        ev = evaluate_task(engine, n_per_level=args.n_per_level, samples_per_problem=samples,
+                           temperature=temperature, seed=args.seed, progress=True)
+        results[name] = ev.to_dict()
+        print(f"\n{name} ({samples} sample{'s' if samples > 1 else ''} per problem)")
+        print(ev.table())
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"model": str(path), **results}, indent=2))
+        print(f"results written to {args.output}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as JSON."""
+    import torch
+
+    from dppo_core.benchmark_data import load_benchmark
+    from dppo_core.evaluate import evaluate_benchmarks
+    from dppo_core.models import load_model
+    from dppo_core.rollout import HFRollout
+
+    names = [n for item in args.benchmarks for n in item.split(",") if n]
+    benchmarks = {n: load_benchmark(n, data_dir=args.data_dir, limit=args.limit) for n in names}
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_model(args.model, device=device)
+    engine = HFRollout(model, tokenizer, batch_size=args.batch_size)
+    ev = evaluate_benchmarks(engine, benchmarks, samples_per_problem=args.samples, ks=args.k,
+                             temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                             seed=args.seed, chunk_size=args.batch_size)
+    ev.settings.update(model=str(args.model), benchmarks=names, limit=args.limit)
+    print(ev.table())
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(ev.to_dict(), indent=2))
+    print(f"results and {len(ev.completions)} completions written to {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dppo",
+        description="DPPO (Dynamic Pruning Policy Optimization) from scratch: GRPO that prunes what carries "
+                    "no signal, stays unbiased, and packs what is left.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("demo", help="warm-start the embedded tiny model and print its accuracy per level")
+    _add_cache_dir(p)
+    p.add_argument("--n-per-level", type=int, default=100, help="held-out problems per level (default 100)")
+    p.add_argument("--samples", type=int, default=4, help="samples per problem at temperature 1 (default 4)")
+    p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("build", help="build (and warm-start) the embedded tiny model into the cache")
+    _add_cache_dir(p)
+    p.add_argument("--no-warm-start", action="store_true", help="only build the untrained model")
+    p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("eval", help="pass@1 / pass@k of a model on math benchmarks (gsm8k, math500, ...)")
+    p.add_argument("--model", required=True, help="model directory (or Hub id when online)")
+    p.add_argument("--benchmarks", nargs="+", default=["gsm8k"],
+                   help="benchmark names or .jsonl paths, space- or comma-separated (default gsm8k)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="directory with the benchmark .jsonl files (default: $DPPO_DATA_DIR, else the Hub)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark only")
+    p.add_argument("--samples", type=int, default=1, help="samples per problem, n (default 1)")
+    p.add_argument("--k", type=int, nargs="+", default=[1], help="report pass@k for these k <= n (default 1)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); use >0 with --samples >1")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=1024, help="new tokens per completion at most")
+    p.add_argument("--batch-size", type=int, default=32, help="problems per generate call")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available, else cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", type=Path, default=Path("eval.json"), help="results JSON (default eval.json)")
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "warm_start_steps", None) is None and hasattr(args, "warm_start_steps"):
+        from dppo_core.models import WarmStartConfig
+
+        args.warm_start_steps = WarmStartConfig.steps
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""``DPPOConfig``: every knob of a training run, documented once, validated with messages that say how to fix.
+
+Load from YAML with :meth:`DPPOConfig.from_yaml`, override from the command line with
+``key=value`` pairs (:meth:`DPPOConfig.with_overrides`), or start from a named preset
+(:func:`preset`). Field names follow TRL's ``GRPOConfig`` where a user already knows them
+(``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ``max_completion_length``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
+ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+@dataclass
+class DPPOConfig:
+    # --- model and data -------------------------------------------------------------------------
+    model: str = "tiny"
+    """``"tiny"``: the embedded warm-started tiny model (built and cached on first use); otherwise a
+    local directory or a Hugging Face Hub id of a causal LM."""
+    task: str = "arithmetic"
+    """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path with ``problem``
+    and ``answer`` fields (see :func:`dppo_core.tasks.load_benchmark`)."""
+    train_levels: tuple[int, ...] = (2, 3, 4, 5)
+    """Levels of the embedded task to train on (ignored for other tasks)."""
+    level_weights: tuple[float, ...] | None = None
+    """Sampling weight of each level in ``train_levels``; None: uniform."""
+
+    # --- rollout ----------------------------------------------------------------------------------
+    num_generations: int = 8
+    """G: completions sampled per prompt; the group that advantages are computed over (>= 2)."""
+    prompts_per_step: int = 32
+    """Prompts sent to the rollout engine per optimizer step (the generation batch is this times G)."""
+    max_completion_length: int = 64
+    """Maximum new tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold for rollouts, in (0, 1]."""
+    rollout_engine: str = "hf"
+    """``"hf"`` (transformers ``generate``), ``"vllm"`` (error if vLLM cannot start) or ``"auto"``
+    (vLLM if it starts, else transformers with a warning)."""
+
+    # --- objective --------------------------------------------------------------------------------
+    learning_rate: float = 1e-4
+    """AdamW peak learning rate (> 0)."""
+    beta: float = 0.0
+    """Weight of the k3 KL penalty to the reference policy (>= 0; 0 disables it and its forward pass)."""
+    epsilon: float = 0.2
+    """Lower clipping range of the probability ratio: clip(rho, 1 - epsilon, ...)."""
+    epsilon_high: float | None = None
+    """Upper clipping range (DAPO's clip-higher); None: same as ``epsilon``."""
+    loss_type: str = "grpo"
+    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser) or ``"dapo"`` (token mean; a ratio
+    estimator, slightly biased once completions are pruned)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: ``"group"`` std, ``"batch"`` std, or ``"none"``."""
+    num_iterations: int = 1
+    """PPO epochs over each batch of rollouts (old log-probs are computed only when > 1)."""
+    micro_batch_size: int = 64
+    """Completions per forward/backward pass; gradients are accumulated over micro-batches."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (<= 0 disables clipping)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps (then constant)."""
+
+    # --- update mode ------------------------------------------------------------------------------
+    update_mode: str = "full"
+    """``"full"`` fine-tuning, ``"lora"``, ``"qlora4"`` or ``"qlora8"`` (LoRA on a bitsandbytes 4/8-bit base)."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get LoRA adapters."""
+
+    # --- run --------------------------------------------------------------------------------------
+    max_steps: int = 100
+    """Optimizer steps to run."""
+    seed: int = 0
+    """Seed for prompt sampling, rollouts and initialisation."""
+    output_dir: str = "runs/dppo"
+    """Where metrics, checkpoints and the final model go."""
+    save_steps: int = 50
+    """Checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
+    eval_steps: int = 0
+    """Evaluate on held-out problems every this many steps (0: only before and after)."""
+    eval_problems_per_level: int = 200
+    """Held-out problems per level for evaluation."""
+    eval_samples: int = 4
+    """Samples per held-out problem at temperature 1 (sampled accuracy)."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars (needs the ``tensorboard`` package)."""
+    deterministic: bool = True
+    """Use deterministic torch algorithms (on CPU this makes runs repeatable step for step)."""
+    device: str = "auto"
+    """``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form settings for user extensions; not validated."""
+
+    def __post_init__(self) -> None:
+        for name in ("train_levels", "level_weights", "lora_target_modules"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                setattr(self, name, tuple(value))
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: {msg}")
+
+        need(self.num_generations >= 2, "num_generations",
+             "group advantages need at least 2 completions per prompt; use 4-16")
+        need(self.prompts_per_step >= 1, "prompts_per_step", "must be at least 1")
+        need(self.max_completion_length >= 1, "max_completion_length", "must be at least 1 token")
+        need(self.temperature > 0, "temperature", "RL needs sampling: use a temperature > 0, e.g. 1.0")
+        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(self.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {ROLLOUT_ENGINES}")
+        need(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-4 (full) or 3e-4 (LoRA)")
+        need(self.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
+        need(0 < self.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")
+        need(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high", "must be > 0 or None")
+        need(self.loss_type in ("grpo", "dr_grpo", "dapo"), "loss_type", "choose one of grpo, dr_grpo, dapo")
+        need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "choose one of group, batch, none")
+        need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
+        need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
+        need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")
+        need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
+        need(self.max_steps >= 1, "max_steps", "must be at least 1")
+        need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
+        need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
+        need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
+        if self.level_weights is not None:
+            need(len(self.level_weights) == len(self.train_levels) and min(self.level_weights) >= 0
+                 and sum(self.level_weights) > 0, "level_weights",
+                 f"give {len(self.train_levels)} non-negative weights (one per train level) or null")
+
+    # --- loading and overriding -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> DPPOConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            import difflib
+
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, known, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(hints)}; see DPPOConfig for the fields")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> DPPOConfig:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass a YAML file or use --preset NAME")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
+        return cls.from_dict(data, source=str(path))
+
+    def with_overrides(self, overrides: list[str] | dict[str, Any]) -> DPPOConfig:
+        """A copy with ``key=value`` strings (values parsed as YAML) or a dict applied."""
+        import yaml
+
+        if isinstance(overrides, dict):
+            updates = dict(overrides)
+        else:
+            updates = {}
+            for item in overrides:
+                if "=" not in item:
+                    raise ConfigError(f"override {item!r} must look like key=value, e.g. learning_rate=3e-4")
+                key, value = item.split("=", 1)
+                updates[key.strip()] = yaml.safe_load(value)
+        return DPPOConfig.from_dict({**self.to_dict(), **updates}, source="overrides")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's documentation (the string under it in the class body), for ``--help`` and docs."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(DPPOConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+

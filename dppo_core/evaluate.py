@@ -1,0 +1,298 @@
+"""Evaluation: accuracy on the embedded task per level, with its standard error.
+
+Accuracy is the share of completions whose boxed answer equals the problem's answer. With k samples per
+problem it is pass@1 averaged over the k samples. The standard error treats problems as the sampling unit
+(samples of one problem are correlated): ``se = std(per-problem accuracy) / sqrt(n_problems)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dppo_core.rollout import SamplingConfig
+from dppo_core.tasks import ArithmeticTask, Problem, parse_boxed_int, uses_steps
+
+
+@dataclass
+class LevelResult:
+    level: int
+    n_problems: int
+    samples_per_problem: int
+    accuracy: float
+    stderr: float
+    steps_share: float  # share of completions that show worked steps
+
+
+@dataclass
+class TaskEvaluation:
+    """Per-level results of one evaluation, plus every completion for inspection."""
+
+    temperature: float
+    levels: dict[int, LevelResult]
+    completions: list[dict] = field(default_factory=list)
+
+    @property
+    def mean_accuracy(self) -> float:
+        return sum(r.accuracy for r in self.levels.values()) / len(self.levels)
+
+    def mean_over(self, levels: Sequence[int]) -> tuple[float, float]:
+        """Mean accuracy over some levels, and its standard error (levels are independent samples)."""
+        rs = [self.levels[lvl] for lvl in levels]
+        mean = sum(r.accuracy for r in rs) / len(rs)
+        se = math.sqrt(sum(r.stderr**2 for r in rs)) / len(rs)
+        return mean, se
+
+    def table(self) -> str:
+        """A fixed-width text table, one row per level."""
+        kind = "greedy" if self.temperature == 0 else f"T={self.temperature:g}"
+        lines = [f"{'level':>5}  {'problems':>8}  {'accuracy (' + kind + ')':>20}  {'worked steps':>12}"]
+        for r in self.levels.values():
+            acc = f"{r.accuracy:.3f} ± {r.stderr:.3f}"
+            lines.append(f"{r.level:>5}  {r.n_problems:>8}  {acc:>20}  {r.steps_share:>12.2f}")
+        lines.append(f"{'mean':>5}  {'':>8}  {self.mean_accuracy:>20.3f}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "mean_accuracy": self.mean_accuracy,
+            "levels": {str(k): vars(v) for k, v in self.levels.items()},
+        }
+
+
+def evaluate_task(
+    engine,
+    problems: Sequence[Problem] | None = None,
+    *,
+    n_per_level: int = 200,
+    samples_per_problem: int = 1,
+    temperature: float = 0.0,
+    max_tokens: int = 64,
+    seed: int = 0,
+    keep_completions: bool = False,
+    progress: bool = False,
+    chunk_size: int = 64,
+) -> TaskEvaluation:
+    """Evaluate a rollout engine on the embedded task's test problems.
+
+    Args:
+        engine: anything with ``generate(prompts, num_generations, sampling)`` returning a
+            :class:`~dppo_core.rollout.RolloutBatch` (e.g. :class:`~dppo_core.rollout.HFRollout`).
+        problems: the problems to use; default: the first ``n_per_level`` test problems of every level.
+        samples_per_problem: completions per problem (use > 1 with ``temperature > 0``).
+        temperature: 0 for greedy decoding, 1 for the policy's own sampling distribution.
+        progress: show a progress bar (problems are sent to the engine ``chunk_size`` at a time).
+    """
+    from tqdm.auto import tqdm
+
+    if problems is None:
+        problems = ArithmeticTask().test_set(n_per_level)
+    groups = []
+    desc = "eval " + ("greedy" if temperature == 0 else f"T={temperature:g}")
+    with tqdm(total=len(problems), desc=desc, disable=not progress, unit="problem") as bar:
+        for start in range(0, len(problems), chunk_size):
+            chunk = problems[start : start + chunk_size]
+            # a distinct, reproducible seed per chunk, so results do not depend on the chunking alone
+            sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature, seed=seed * 1_000_003 + start)
+            groups.extend(engine.generate([p.messages() for p in chunk], samples_per_problem, sampling).groups)
+            bar.update(len(chunk))
+    per_level: dict[int, list[list[float]]] = {}
+    steps: dict[int, list[float]] = {}
+    completions = []
+    for p, group in zip(problems, groups, strict=True):
+        scores = []
+        for c in group.completions:
+            correct = float(parse_boxed_int(c.text) == p.answer)
+            scores.append(correct)
+            steps.setdefault(p.level, []).append(float(uses_steps(c.text)))
+            if keep_completions:
+                completions.append({"id": p.id, "level": p.level, "answer": p.answer,
+                                    "completion": c.text, "correct": bool(correct)})
+        per_level.setdefault(p.level, []).append(scores)
+    levels = {}
+    for level in sorted(per_level):
+        per_problem = [sum(s) / len(s) for s in per_level[level]]
+        n = len(per_problem)
+        mean = sum(per_problem) / n
+        var = sum((x - mean) ** 2 for x in per_problem) / (n - 1) if n > 1 else 0.0
+        levels[level] = LevelResult(
+            level=level,
+            n_problems=n,
+            samples_per_problem=samples_per_problem,
+            accuracy=mean,
+            stderr=math.sqrt(var / n),
+            steps_share=sum(steps[level]) / len(steps[level]),
+        )
+    return TaskEvaluation(temperature=temperature, levels=levels, completions=completions)
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmarks: pass@1 and pass@k on GSM8K, MATH-500, AIME24, AMC23, Minerva Math, OlympiadBench
+# --------------------------------------------------------------------------------------------------
+#
+# pass@k is the chance that at least one of k samples is correct. With n >= k samples of which c are
+# correct, the unbiased estimator (Chen et al., 2021, "Evaluating Large Language Models Trained on Code") is
+#
+#     pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)
+#
+# averaged over problems; the product form avoids huge binomials. pass@1 reduces to c/n, the mean
+# accuracy over the n samples.
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``n`` samples, ``c`` of them correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+@dataclass
+class BenchmarkResult:
+    """One benchmark's scores. ``stderr`` is that of pass@1 with problems as the sampling unit."""
+
+    name: str
+    n_problems: int
+    samples_per_problem: int
+    pass_at: dict[int, float]  # k -> mean pass@k over problems (k=1 is the mean accuracy)
+    stderr: float
+    mean_completion_tokens: float
+    truncated_share: float  # share of completions that hit max_tokens
+
+    @property
+    def pass_at_1(self) -> float:
+        return self.pass_at[1]
+
+
+@dataclass
+class BenchmarkEvaluation:
+    """Per-benchmark results, their average, the settings, and every completion for inspection."""
+
+    results: dict[str, BenchmarkResult]
+    settings: dict
+    completions: list[dict] = field(default_factory=list)
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted({k for r in self.results.values() for k in r.pass_at})
+
+    def average(self, k: int = 1) -> float:
+        """Unweighted mean of pass@k over benchmarks (each set counts once, as papers report)."""
+        values = [r.pass_at[k] for r in self.results.values() if k in r.pass_at]
+        return sum(values) / len(values) if values else float("nan")
+
+    def table(self) -> str:
+        """A fixed-width text table: one row per benchmark, then the average."""
+        ks = self.ks
+        head = f"{'benchmark':<14} {'problems':>8} {'samples':>7} " + " ".join(f"{f'pass@{k}':>8}" for k in ks)
+        lines = [head + f" {'± se':>6} {'tokens':>7} {'cut':>5}"]
+        for r in self.results.values():
+            cells = " ".join(f"{r.pass_at[k]:>8.3f}" if k in r.pass_at else f"{'-':>8}" for k in ks)
+            lines.append(f"{r.name:<14} {r.n_problems:>8} {r.samples_per_problem:>7} {cells} {r.stderr:>6.3f} "
+                         f"{r.mean_completion_tokens:>7.1f} {r.truncated_share:>5.2f}")
+        if len(self.results) > 1:
+            lines.append(f"{'average':<14} {'':>8} {'':>7} " + " ".join(f"{self.average(k):>8.3f}" for k in ks))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "settings": self.settings,
+            "results": {name: {**vars(r), "pass_at": {str(k): v for k, v in r.pass_at.items()}}
+                        for name, r in self.results.items()},
+            "average": {f"pass@{k}": self.average(k) for k in self.ks},
+            "completions": self.completions,
+        }
+
+
+def evaluate_benchmarks(
+    engine,
+    benchmarks: dict[str, Sequence],
+    *,
+    samples_per_problem: int = 1,
+    ks: Sequence[int] = (1,),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_tokens: int = 1024,
+    seed: int = 0,
+    chunk_size: int = 32,
+    reward_fn=None,
+    progress: bool = True,
+) -> BenchmarkEvaluation:
+    """pass@1 and pass@k of a rollout engine on benchmarks.
+
+    Args:
+        engine: anything with ``generate(prompts, num_generations, sampling)`` returning a
+            :class:`~dppo_core.rollout.RolloutBatch` (:class:`~dppo_core.rollout.HFRollout`, or a vLLM engine).
+        benchmarks: name -> records (:class:`~dppo_core.benchmark_data.BenchmarkRecord`, from
+            :func:`~dppo_core.tasks.load_benchmark`). Each problem is sent as one chat user message.
+        samples_per_problem: n samples per problem; pass@1 is the mean over them. Every k in ``ks`` must be
+            <= n (use ``temperature > 0`` for k > 1, greedy samples are all alike).
+        chunk_size: problems per ``generate`` call (the progress bar advances per chunk).
+        reward_fn: ``fn(completions, answers) -> list[float]``; default :func:`dppo_core.rewards.math_rewards`.
+    """
+    from tqdm.auto import tqdm
+
+    from dppo_core.rewards import math_rewards
+
+    ks = sorted({1, *ks})
+    if ks[-1] > samples_per_problem:
+        raise ValueError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per problem, got "
+                         f"samples_per_problem={samples_per_problem}; raise it or drop that k")
+    if temperature == 0 and samples_per_problem > 1:
+        raise ValueError("greedy decoding (temperature=0) gives the same completion every time; use "
+                         "samples_per_problem=1 or a temperature > 0")
+    reward_fn = reward_fn or math_rewards
+    settings = {"samples_per_problem": samples_per_problem, "ks": ks, "temperature": temperature,
+                "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
+                "engine": getattr(engine, "name", type(engine).__name__)}
+    total = sum(len(records) for records in benchmarks.values())
+    bar = tqdm(total=total, desc="eval", unit="problem", disable=not progress)
+    results: dict[str, BenchmarkResult] = {}
+    completions: list[dict] = []
+    for name, records in benchmarks.items():
+        bar.set_postfix_str(name)
+        records = list(records)
+        correct_counts, lengths, cut = [], [], 0
+        for start in range(0, len(records), chunk_size):
+            chunk = records[start : start + chunk_size]
+            # a distinct seed per chunk, so sampled runs do not repeat one random stream per chunk
+            sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                      seed=seed + start)
+            batch = engine.generate([r.messages() for r in chunk], samples_per_problem, sampling)
+            texts = [c.text for g in batch.groups for c in g.completions]
+            answers = [r.answer for r, g in zip(chunk, batch.groups, strict=True) for _ in g.completions]
+            scores = iter(reward_fn(texts, answers))
+            for r, g in zip(chunk, batch.groups, strict=True):
+                c_correct = 0
+                for comp in g.completions:
+                    score = next(scores)
+                    c_correct += int(score == 1.0)
+                    lengths.append(comp.length)
+                    cut += comp.finish_reason == "length"
+                    completions.append({"benchmark": name, "id": r.id, "answer": r.answer,
+                                        "completion": comp.text, "reward": score,
+                                        "tokens": comp.length, "finish_reason": comp.finish_reason})
+                correct_counts.append(c_correct)
+            bar.update(len(chunk))
+        n = samples_per_problem
+        per_problem = [c / n for c in correct_counts]
+        m = len(per_problem)
+        mean = sum(per_problem) / m if m else float("nan")
+        var = sum((x - mean) ** 2 for x in per_problem) / (m - 1) if m > 1 else 0.0
+        results[name] = BenchmarkResult(
+            name=name,
+            n_problems=m,
+            samples_per_problem=n,
+            pass_at={k: sum(pass_at_k(n, c, k) for c in correct_counts) / m if m else float("nan") for k in ks},
+            stderr=math.sqrt(var / m) if m else float("nan"),
+            mean_completion_tokens=sum(lengths) / len(lengths) if lengths else 0.0,
+            truncated_share=cut / len(lengths) if lengths else 0.0,
+        )
+    bar.close()
+    return BenchmarkEvaluation(results=results, settings=settings, completions=completions)

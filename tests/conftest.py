@@ -1,0 +1,51 @@
+"""Shared fixtures. Models are built into $DPPO_CACHE_DIR (set by the Makefile) so the tests, the
+notebooks and the demo build each one once; without it, into a per-session temporary directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_benchmarks_dir() -> Path | None:
+    """The benchmark jsonl files: $DPPO_DATA_DIR, else <repo>/../shared/data/benchmarks, else None."""
+    env = os.environ.get("DPPO_DATA_DIR")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO_ROOT.parent / "shared" / "data" / "benchmarks")
+    for c in candidates:
+        if c.is_dir() and any(c.glob("*.jsonl")):
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def benchmarks_dir() -> Path:
+    d = shared_benchmarks_dir()
+    if d is None:
+        pytest.skip("benchmark data not found: set DPPO_DATA_DIR or place the shared data at ../shared/data/benchmarks")
+    return d
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    env = os.environ.get("DPPO_CACHE_DIR")
+    return Path(env) if env else tmp_path_factory.mktemp("dppo-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(cache_dir) -> Path:
+    """The untrained embedded tiny model (built in ~5 s, cached)."""
+    from dppo_core.models import build_tiny_model
+
+    return build_tiny_model(cache_dir=cache_dir)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,185 @@
+"""The transformers rollout engine and the engine-independent pieces of dppo_core.rollout.
+
+The slow obvious reference for every log-prob here is one unpadded forward pass per sequence.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from dppo_core.models import load_model
+from dppo_core.rollout import (
+    Completion,
+    HFRollout,
+    RolloutBatch,
+    RolloutGroup,
+    SamplingConfig,
+    checkpoint_weights,
+    logprob_mismatch,
+    make_rollout_engine,
+    sequence_logprobs,
+    truncated_importance_weights,
+)
+from dppo_core.tasks import ArithmeticTask
+
+G = 4  # completions per prompt
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [p.messages() for p in ArithmeticTask().test_set(1)[:3]]
+
+
+@pytest.fixture(scope="module")
+def hf_batch(model_and_tokenizer, prompts):
+    model, tok = model_and_tokenizer
+    sampling = SamplingConfig(max_tokens=16, temperature=0.7, seed=1)
+    return HFRollout(model, tok, batch_size=5).generate(prompts, G, sampling)  # 5: chunks straddle groups
+
+
+def test_batch_structure(hf_batch, model_and_tokenizer, prompts):
+    _, tok = model_and_tokenizer
+    assert len(hf_batch.groups) == len(prompts)
+    assert hf_batch.num_completions == len(prompts) * G
+    for group in hf_batch.groups:
+        assert len(group.completions) == G
+        for c in group.completions:
+            assert len(c.logprobs) == c.length == len(c.token_ids) >= 1
+            assert all(lp <= 0 for lp in c.logprobs)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == tok.eos_token_id
+            else:
+                assert c.finish_reason == "length" and c.length == 16
+            assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+    assert hf_batch.num_generated_tokens == sum(map(sum, hf_batch.lengths()))
+
+
+def test_sampling_logprobs_are_the_tempered_model_distribution(hf_batch, model_and_tokenizer):
+    # An untrained model is near uniform over 512 tokens, so transformers' default top_k=50 (if it
+    # leaked in) would shift every log-prob by ~log(512/50) = 2.3.
+    model, _ = model_and_tokenizer
+    m = logprob_mismatch(model, hf_batch, temperature=0.7)
+    assert m.num_tokens == hf_batch.num_generated_tokens
+    assert m.max_abs < 1e-4, m
+    wrong_t = logprob_mismatch(model, hf_batch, temperature=1.0)
+    assert wrong_t.mean_abs > 1e-2, "the check must be able to tell temperatures apart"
+
+
+def test_same_seed_same_samples(model_and_tokenizer, prompts):
+    model, tok = model_and_tokenizer
+    engine = HFRollout(model, tok)
+    s = SamplingConfig(max_tokens=8, temperature=1.0, seed=7)
+    a = engine.generate(prompts, G, s)
+    b = engine.generate(prompts, G, s)
+    c = engine.generate(prompts, G, SamplingConfig(max_tokens=8, temperature=1.0, seed=8))
+    ids = lambda batch: [[x.token_ids for x in g.completions] for g in batch.groups]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+
+
+def test_greedy_is_argmax(model_and_tokenizer, prompts):
+    model, tok = model_and_tokenizer
+    batch = HFRollout(model, tok).generate(prompts[:1], 2, SamplingConfig(max_tokens=6, temperature=0))
+    g = batch.groups[0]
+    assert g.completions[0].token_ids == g.completions[1].token_ids
+    seq = g.prompt_ids + g.completions[0].token_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([seq])).logits[0]  # (len, vocab)
+    P = len(g.prompt_ids)
+    assert logits[P - 1 : len(seq) - 1].argmax(-1).tolist() == g.completions[0].token_ids
+
+
+def test_sequence_logprobs_padded_equals_one_by_one(model_and_tokenizer):
+    model, _ = model_and_tokenizer
+    seqs = [[5, 9, 33, 2, 7], [11, 4], [8, 8, 8, 100, 101, 102, 103]]
+    padded = sequence_logprobs(model, seqs, start=[2, 1, 4], temperature=0.5, batch_size=3)
+    for seq, s, got in zip(seqs, [2, 1, 4], padded, strict=True):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([seq])).logits[0] / 0.5, -1)  # (len, vocab)
+        want = torch.stack([logp[t - 1, seq[t]] for t in range(s, len(seq))])
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="start=0"):
+        sequence_logprobs(model, seqs[:1], start=[0])
+
+
+def test_mismatch_of_a_doctored_batch(model_and_tokenizer, hf_batch):
+    # Shift every engine log-prob by 0.25: the measured mismatch must be exactly that.
+    model, _ = model_and_tokenizer
+    groups = [RolloutGroup(g.prompt, g.prompt_ids, [
+        Completion(c.token_ids, c.text, [lp + 0.25 for lp in c.logprobs], c.finish_reason) for c in g.completions
+    ]) for g in hf_batch.groups]
+    m = logprob_mismatch(model, RolloutBatch(groups), temperature=0.7)
+    assert m.mean_abs == pytest.approx(0.25, abs=1e-4)
+    assert m.max_abs == pytest.approx(0.25, abs=1e-4)
+
+
+def test_truncated_importance_weights():
+    logp_train = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.1, -1.0]], requires_grad=True)
+    logp_engine = torch.tensor([[-1.0, -1.0, -2.5], [-3.5, -0.1, -0.2]])
+    w = truncated_importance_weights(logp_train, logp_engine, cap=2.0)
+    want = torch.tensor([[1.0, torch.e ** -1, 2.0], [torch.e ** 0.5, 1.0, torch.e ** -0.8]])
+    torch.testing.assert_close(w, want)
+    assert not w.requires_grad
+    assert truncated_importance_weights(logp_train, logp_engine, cap=1e9)[0, 2].item() == pytest.approx(torch.e ** 2)
+    with pytest.raises(ValueError, match="same shape"):
+        truncated_importance_weights(logp_train, logp_engine[:, :2])
+    with pytest.raises(ValueError, match="cap"):
+        truncated_importance_weights(logp_train, logp_engine, cap=0.5)
+
+
+def test_checkpoint_weights_of_peft_model_equal_merged(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = load_model(tiny_model_dir)
+    plain = {k: v.clone() for k, v in checkpoint_weights(model).items()}  # merging below writes in place
+    peft_model = get_peft_model(model, LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    folded = checkpoint_weights(peft_model)
+    assert set(folded) == set(plain)
+    merged = peft_model.merge_and_unload().state_dict()
+    changed = 0
+    for k, v in folded.items():
+        torch.testing.assert_close(v, merged[k], atol=1e-6, rtol=0)
+        changed += not torch.equal(v, plain[k])
+    assert changed == 3 * 5  # three target modules in each of the five layers
+
+
+def test_factory_hf_and_vllm_missing(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    assert isinstance(make_rollout_engine("hf", model=model, tokenizer=tok), HFRollout)
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # `import vllm` now raises ImportError
+    with pytest.warns(RuntimeWarning, match="falling back to transformers") as record:
+        engine = make_rollout_engine("vllm", model=model, tokenizer=tok)
+    assert isinstance(engine, HFRollout) and len(record) == 1
+    with pytest.raises(RuntimeError, match="require=True"):
+        make_rollout_engine("vllm", model=model, tokenizer=tok, require=True)
+    with pytest.raises(ValueError, match="kind must be"):
+        make_rollout_engine("sglang", model=model, tokenizer=tok)
+
+
+def test_factory_bad_model_path_falls_back_or_raises(model_and_tokenizer, tmp_path):
+    model, tok = model_and_tokenizer
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(RuntimeError, match="no-such-model"):
+        make_rollout_engine("vllm", model=model, tokenizer=tok, model_path=missing, require=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        engine = make_rollout_engine("auto", model=model, tokenizer=tok, model_path=missing)
+    assert isinstance(engine, HFRollout)
+    assert [str(w.message) for w in record if w.category is RuntimeWarning][0].startswith("vLLM could not start")
+
+
+def test_sampling_config_validation():
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingConfig(max_tokens=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0)
