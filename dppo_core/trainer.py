@@ -1,0 +1,606 @@
+"""``DPPOTrainer``: the training loop — select prompts, roll out, reward, advantages, update, sync, log.
+
+One step, as data (DESIGN.md section 3; pruning and packing plug in where marked by later chapters):
+
+    prompts ──engine.generate (G each)──► completions ──reward functions──► rewards (P, G)
+    rewards ──group_advantages──► A (P, G) ──policy_loss × weights, micro-batched──► optimizer step
+    optimizer step ──engine.sync(model)──► the engine samples from the new policy next step
+
+Reproducibility: the prompts and the sampling seed of step ``s`` are functions of ``(seed, s)``, and a
+checkpoint holds the weights, optimizer state and step; so a run interrupted and resumed from a
+checkpoint takes the same steps as one that was not (on CPU with ``deterministic=True``).
+
+Departures from TRL's GRPOTrainer, and why:
+1. One optimizer step per PPO epoch over the whole rollout batch (micro-batches accumulate
+   gradients), instead of TRL's steps per micro-batch: the loss normaliser is then the full batch's
+   (see :mod:`dppo_core.grpo`), which keeps the pruned estimator of later chapters unbiased.
+2. Old log-probs are computed only when ``num_iterations > 1``; with one epoch the ratio is 1.
+3. The reference policy for the KL term is the LoRA base with its adapter disabled (no second model);
+   only full fine-tuning keeps a frozen copy, and only when ``beta > 0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.grpo import group_advantages, policy_loss, token_logprobs
+from dppo_core.rollout import RolloutBatch, SamplingConfig
+from dppo_core.tasks import ArithmeticTask, Problem
+
+Callback = Callable[[dict[str, Any]], None]
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+# --------------------------------------------------------------------------------------------------
+# Data: the prompts a step samples from
+# --------------------------------------------------------------------------------------------------
+
+
+class PromptSource:
+    """Rows with ``prompt`` (chat messages), ``answer`` and ``id``; a step's prompts are a function of (seed, step)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], weights: Sequence[float] | None = None):
+        if not rows:
+            raise ConfigError("the training dataset is empty: give a task or a jsonl file with at least one row")
+        self.rows = list(rows)
+        self.weights = list(weights) if weights is not None else None
+
+    def sample(self, seed: int, step: int, n: int) -> list[dict[str, Any]]:
+        rng = random.Random(f"prompts:{seed}:{step}")
+        return rng.choices(self.rows, weights=self.weights, k=n)
+
+
+def build_prompt_source(config: DPPOConfig) -> PromptSource:
+    if config.task == "arithmetic":
+        task = ArithmeticTask(config.train_levels)
+        rows, weights = [], []
+        level_w = config.level_weights or [1.0] * len(task.levels)
+        for level, w in zip(task.levels, level_w, strict=True):
+            problems: list[Problem] = task.train(level)
+            rows.extend(p.to_record() for p in problems)
+            weights.extend([w / len(problems)] * len(problems))
+        return PromptSource(rows, weights)
+    from dppo_core.tasks import load_benchmark
+
+    records = load_benchmark(config.task)
+    rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
+    return PromptSource(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_model_path(config: DPPOConfig) -> str:
+    if config.model == "tiny":
+        from dppo_core.models import warm_start
+
+        return str(warm_start())
+    path = Path(config.model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model={config.model!r} is a directory without config.json; pass the directory "
+                              "that save_pretrained wrote, a Hub id, or 'tiny'")
+        return str(path)
+    if config.model.startswith((".", "/", "~")):
+        raise ConfigError(f"model={config.model!r} does not exist; pass a model directory, a Hub id, or 'tiny'")
+    return config.model  # a Hub id
+
+
+def disable_4bit_cpu_bf16_path(model: torch.nn.Module) -> int:
+    """Work around bitsandbytes' CPU 4-bit kernel losing autograd after an eval-mode forward.
+
+    bitsandbytes 0.50 repacks 4-bit weights for its AVX512-BF16 inference kernel on the first no-grad
+    forward (e.g. ``generate``); the training path then has no autograd kernel and LoRA silently stops
+    learning. Turning that fast path off on every ``Linear4bit`` keeps training correct. Returns the
+    number of modules changed.
+    """
+    n = 0
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
+
+
+def load_policy(config: DPPOConfig, model_path: str, device: torch.device):
+    """The trainable policy for ``config.update_mode`` and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dppo_core.models import quiet_transformers
+
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer.padding_side = "left"
+        kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16}
+        if config.update_mode in ("qlora4", "qlora8"):
+            from transformers import BitsAndBytesConfig
+
+            if config.update_mode == "qlora4":
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"])
+            else:
+                kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+            if device.type == "cuda":
+                kwargs["device_map"] = {"": device.index or 0}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {exc}") from exc
+    if "quantization_config" not in kwargs:
+        model.to(device)
+    if config.update_mode == "full":
+        return model, tokenizer
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    if config.update_mode == "qlora4" and device.type == "cpu":
+        disable_4bit_cpu_bf16_path(model)
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------------
+# The update's forward pass
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequences:
+    """The completions an update trains on (flattened over prompts), with their per-sequence terms."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: torch.Tensor  # (N,)
+    weights: torch.Tensor  # (N,) 1 for GRPO; 1 / keep probability for DPPO
+    num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+                                  temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each completion given its prompt, padded to (N, T_max), and the mask.
+
+    Sequences are right-padded into one (N, L) batch; the logits at position t predict token t+1.
+    """
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    width = max(lengths)
+    t_max = max(len(c) for c in completion_ids)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)  # (N, L)
+    attn = torch.zeros_like(ids)
+    gather_pos = torch.zeros((len(lengths), t_max), dtype=torch.long)  # (N, T) positions predicting each token
+    targets = torch.full((len(lengths), t_max), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(lengths), t_max))
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        seq = list(p) + list(c)
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        gather_pos[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+        targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+        mask[i, : len(c)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits  # (N, L, V)
+    picked = logits.gather(1, gather_pos.to(device)[..., None].expand(-1, -1, logits.shape[-1]))  # (N, T, V)
+    return token_logprobs(picked, targets.to(device), temperature), mask.to(device)
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------------------
+
+
+class DPPOTrainer:
+    """Runs the loop of DESIGN.md section 3 for a :class:`DPPOConfig`.
+
+    Args:
+        config: the run's settings.
+        reward_funcs: TRL-style reward functions ``fn(prompts, completions, **columns) -> list[float]``,
+            summed; default: :func:`dppo_core.rewards.accuracy_reward` (1 if the boxed answer is right).
+        callbacks: called with each step's metrics dict (and with ``{"event": "eval", ...}`` after each
+            evaluation), e.g. to draw live curves in a notebook.
+        prompt_source: override the prompts (default: from ``config.task``).
+    """
+
+    def __init__(self, config: DPPOConfig, *, reward_funcs: Sequence[Callable] | None = None,
+                 callbacks: Sequence[Callback] = (), prompt_source: PromptSource | None = None,
+                 progress: bool = True):
+        from dppo_core.rewards import accuracy_reward
+
+        self.config = config
+        self.reward_funcs = list(reward_funcs) if reward_funcs else [accuracy_reward]
+        self.callbacks = list(callbacks)
+        self.progress = progress
+        self.output_dir = Path(config.output_dir)
+        if config.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if config.device == "auto" else config.device))
+        torch.manual_seed(config.seed)
+        self.model_path = resolve_model_path(config)
+        self.model, self.tokenizer = load_policy(config, self.model_path, self.device)
+        self.prompts = prompt_source or build_prompt_source(config)
+        base_config = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).config
+        self.context_length = getattr(base_config, "max_position_embeddings", None)
+        if self.context_length and config.max_completion_length >= self.context_length:
+            raise ConfigError(f"max_completion_length={config.max_completion_length}: the model's context is "
+                              f"{self.context_length} tokens, which must hold the prompt too; lower it")
+        self.ref_model = None
+        if config.beta > 0 and config.update_mode == "full":
+            from dppo_core.models import load_model
+
+            self.ref_model, _ = load_model(self.model_path, device=self.device)
+            self.ref_model.requires_grad_(False).eval()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.99),
+                                           weight_decay=config.weight_decay)
+        self.step = 0
+        self.engine = None
+        self._tb = None
+        self._stop_requested = False
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def _lr(self, step: int) -> float:
+        c = self.config
+        return c.learning_rate * min(1.0, (step + 1) / c.warmup_steps) if c.warmup_steps else c.learning_rate
+
+    def _make_engine(self):
+        from dppo_core.rollout import make_rollout_engine
+
+        c = self.config
+        kind = c.rollout_engine
+        return make_rollout_engine(kind, model=self.model, tokenizer=self.tokenizer, model_path=self.model_path,
+                                   require=(kind == "vllm"), seed=c.seed) if kind != "hf" else \
+            make_rollout_engine("hf", model=self.model, tokenizer=self.tokenizer)
+
+    def _emit(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
+        with open(self.output_dir / filename, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(("eval/" if filename != "metrics.jsonl" else "train/") + k, v, record["step"])
+        for cb in self.callbacks:
+            cb(record)
+
+    # --- one step ---------------------------------------------------------------------------------
+    def rollout(self, step: int) -> tuple[list[dict[str, Any]], RolloutBatch]:
+        c = self.config
+        rows = self.prompts.sample(c.seed, step, c.prompts_per_step)
+        if self.context_length:
+            from dppo_core.models import encode_prompt
+
+            limit = self.context_length - c.max_completion_length
+            for r in rows:
+                n = len(encode_prompt(self.tokenizer, r["prompt"]))
+                if n > limit:
+                    raise ConfigError(f"prompt {r.get('id')!r} has {n} tokens, more than the model's context "
+                                      f"({self.context_length}) minus max_completion_length "
+                                      f"({c.max_completion_length}); shorten or drop it, or lower max_completion_length")
+        sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
+                                  seed=(c.seed * 1_000_003 + step) % (2**31))
+        return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
+
+    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
+        """Rewards of shape (P, G): the sum of the reward functions."""
+        g = self.config.num_generations
+        prompts = [r["prompt"] for r in rows for _ in range(g)]
+        completions = [c.text for grp in batch.groups for c in grp.completions]
+        columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k != "prompt"}
+        total = torch.zeros(len(completions))
+        for fn in self.reward_funcs:
+            scores = fn(prompts=prompts, completions=completions, **columns)
+            if len(scores) != len(completions):
+                raise ValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned {len(scores)} "
+                                 f"scores for {len(completions)} completions")
+            values = torch.tensor([math.nan if s is None else float(s) for s in scores])
+            if not torch.isfinite(values).all():
+                raise ValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned a NaN or infinite "
+                                 "score; return a finite float for every completion")
+            total += values
+        return total.view(len(rows), g)
+
+    def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor) -> Sequences:
+        """Every completion becomes a training sequence with weight 1 (pruning replaces this)."""
+        prompt_ids, completion_ids, adv = [], [], []
+        for gi, grp in enumerate(batch.groups):
+            for ci, comp in enumerate(grp.completions):
+                if not comp.token_ids:
+                    continue  # nothing to train on
+                prompt_ids.append(grp.prompt_ids)
+                completion_ids.append(comp.token_ids)
+                adv.append(advantages[gi, ci].item())
+        n = len(completion_ids)
+        return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.ones(n),
+                         num_sequences=batch.num_completions)
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """Yields a callable giving reference log-probs: the base with the adapter off, or the frozen copy."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    def update(self, seqs: Sequences) -> dict[str, float]:
+        c = self.config
+        model = self.model
+        pad = self.tokenizer.pad_token_id
+        # micro-batches of similar lengths waste less padding (the loss is a sum, so the order is free)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs.prompt_ids[i]) + len(seqs.completion_ids[i]))
+        mbs = [order[i : i + c.micro_batch_size] for i in range(0, len(order), c.micro_batch_size)]
+
+        def forward(m, idx):
+            return completion_logprobs_with_grad(m, [seqs.prompt_ids[i] for i in idx],
+                                                 [seqs.completion_ids[i] for i in idx], c.temperature, pad)
+
+        old, ref = {}, {}
+        with torch.no_grad():
+            if c.num_iterations > 1:
+                model.eval()
+                for k, idx in enumerate(mbs):
+                    old[k] = forward(model, idx)[0]
+            if c.beta > 0:
+                with self._reference() as ref_model:
+                    ref_model.eval()
+                    for k, idx in enumerate(mbs):
+                        ref[k] = forward(ref_model, idx)[0]
+        model.train()
+        stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr(self.step)
+        for _epoch in range(c.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, idx in enumerate(mbs):
+                logp, mask = forward(model, idx)
+                loss, st = policy_loss(
+                    logp, seqs.advantages[idx].to(logp.device), mask, old_logprobs=old.get(k), ref_logprobs=ref.get(k),
+                    weights=seqs.weights[idx].to(logp.device), beta=c.beta, epsilon=c.epsilon,
+                    epsilon_high=c.epsilon_high, loss_type=c.loss_type, num_sequences=seqs.num_sequences,
+                    max_completion_length=c.max_completion_length, num_tokens=seqs.num_tokens)
+                loss.backward()
+                share = mask.sum().item() / max(1, seqs.num_tokens) / c.num_iterations
+                stats["loss"] += loss.item() / c.num_iterations
+                stats["clip_fraction"] += st["clip_fraction"].item() * share
+                stats["kl"] += st["kl"].item() * share
+            params = [p for p in model.parameters() if p.requires_grad]
+            norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
+            stats["grad_norm"] += norm.item() / c.num_iterations
+            self.optimizer.step()
+        return stats
+
+    def train_step(self) -> dict[str, Any]:
+        c = self.config
+        t0 = time.perf_counter()
+        rows, batch = self.rollout(self.step)
+        t1 = time.perf_counter()
+        rewards = self.score(rows, batch)
+        adv = group_advantages(rewards, c.scale_rewards)
+        t2 = time.perf_counter()
+        seqs = self.build_sequences(batch, adv)
+        stats = self.update(seqs) if len(seqs) else {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        t3 = time.perf_counter()
+        self.engine.sync(self.model)
+        t4 = time.perf_counter()
+        self.step += 1
+        lengths = [c_.length for g in batch.groups for c_ in g.completions]
+        zero_std = (rewards.std(dim=1) == 0).float().mean().item()
+        record = {
+            "step": self.step,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            "zero_std_groups": zero_std,
+            "completion_length": sum(lengths) / len(lengths),
+            "completion_length_max": max(lengths),
+            **stats,
+            "lr": self._lr(self.step - 1),
+            "tokens_generated": batch.num_generated_tokens,
+            "tokens_trained": seqs.num_tokens,
+            "sequences_trained": len(seqs),
+            "time_rollout": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2, "time_sync": t4 - t3,
+            "step_time": t4 - t0,
+        }
+        return record
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy and sampled accuracy on held-out problems of the training levels (embedded task only)."""
+        from dppo_core.evaluate import evaluate_task
+        from dppo_core.rollout import HFRollout
+
+        c = self.config
+        if c.task != "arithmetic":
+            return {}
+        problems = [p for lvl in c.train_levels for p in ArithmeticTask([lvl]).test(lvl, c.eval_problems_per_level)]
+        engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
+        greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed)
+        sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
+                                max_tokens=c.max_completion_length, seed=c.seed)
+        record = {"step": self.step}
+        for name, ev in (("greedy", greedy), ("sampled", sampled)):
+            mean, se = ev.mean_over(c.train_levels)
+            record[f"{name}_accuracy"] = mean
+            record[f"{name}_stderr"] = se
+            record[f"{name}_steps_share"] = sum(ev.levels[lvl].steps_share for lvl in c.train_levels) / len(c.train_levels)
+            for lvl in c.train_levels:
+                record[f"{name}_L{lvl}"] = ev.levels[lvl].accuracy
+        return record
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        if not self.output_dir.is_dir():
+            return []
+        found = []
+        for d in self.output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+            if d.is_dir() and (d / "trainer_state.json").is_file() and d.name[len(CHECKPOINT_PREFIX):].isdigit():
+                found.append(d)
+        return sorted(found, key=lambda d: int(d.name[len(CHECKPOINT_PREFIX):]))
+
+    def save_checkpoint(self, keep: int = 2) -> Path:
+        """Write model/adapter, optimizer and step to ``checkpoint-<step>`` atomically (temp dir, then rename)."""
+        target = self.output_dir / f"{CHECKPOINT_PREFIX}{self.step}"
+        if target.exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-checkpoint-", dir=self.output_dir))
+        try:
+            from dppo_core.models import quiet_transformers
+
+            with quiet_transformers():
+                self.model.save_pretrained(tmp / "model")
+                self.tokenizer.save_pretrained(tmp / "model")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            state = {"step": self.step, "config": self.config.to_dict(), "model_path": self.model_path,
+                     "torch_rng": torch.get_rng_state().tolist()}
+            (tmp / "trainer_state.json").write_text(json.dumps(state))
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        for old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    def load_checkpoint(self, path: Path) -> None:
+        state_file = path / "trainer_state.json"
+        try:
+            state = json.loads(state_file.read_text())
+            step = int(state["step"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"checkpoint {path} is incomplete or corrupt ({exc}); delete it to resume from "
+                              "the one before, or start without --resume") from exc
+        from safetensors.torch import load_file
+
+        weights = {}
+        for f in sorted((path / "model").glob("*.safetensors")):
+            weights.update(load_file(f))
+        if not weights:
+            raise ConfigError(f"checkpoint {path} has no model weights (*.safetensors); delete it and resume again")
+        if self.config.update_mode == "full":
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            if self.model.config.tie_word_embeddings:  # save_pretrained drops the tied copy
+                missing = [m for m in missing if m != "lm_head.weight"]
+            if missing or unexpected:
+                raise ConfigError(f"checkpoint {path} does not match the model (missing {missing[:3]}, "
+                                  f"unexpected {unexpected[:3]}); was it written with another model or update_mode?")
+        else:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, weights)
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        self.step = step
+
+    def _truncate_logs(self) -> None:
+        """Drop log lines of steps after the resumed checkpoint (they will be run again)."""
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            f = self.output_dir / name
+            if not f.exists():
+                continue
+            kept = [line for line in f.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= self.step]
+            f.write_text("".join(line + "\n" for line in kept))
+
+    # --- the loop ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _stop_on_signal(self):
+        """While training, the first SIGINT/SIGTERM asks to stop after the current step; a second one aborts."""
+        self._stop_requested = False
+
+        def request_stop(signum, frame):
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            print("\nstopping after this step (press Ctrl-C again to abort without a checkpoint)", flush=True)
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, request_stop)
+            except ValueError:  # not the main thread: signals stay as they are
+                pass
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        """Run until ``max_steps``.
+
+        Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of it and raises
+        ``KeyboardInterrupt``; ``train(resume=True)`` continues from there. A second Ctrl-C stops at once,
+        without a checkpoint (the last one written stays valid).
+        """
+        from tqdm.auto import tqdm
+
+        c = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume and self.checkpoints():
+            self.load_checkpoint(self.checkpoints()[-1])
+            self._truncate_logs()
+        else:
+            for name in ("metrics.jsonl", "eval.jsonl"):
+                (self.output_dir / name).unlink(missing_ok=True)
+        (self.output_dir / "config.json").write_text(c.to_json())
+        if c.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
+        if self.engine is None:
+            self.engine = self._make_engine()
+        self.engine.sync(self.model)
+        if self.step == 0:
+            self._emit({"event": "eval", **self.evaluate()}, "eval.jsonl")
+        bar = tqdm(total=c.max_steps, initial=self.step, desc="train", disable=not self.progress)
+        last: dict[str, Any] = {}
+        with self._stop_on_signal():
+            while self.step < c.max_steps:
+                last = self.train_step()
+                self._emit(last)
+                bar.update(1)
+                bar.set_postfix(reward=f"{last['reward_mean']:.3f}", step_s=f"{last['step_time']:.2f}")
+                if c.save_steps and self.step % c.save_steps == 0:
+                    self.save_checkpoint()
+                if self._stop_requested:
+                    bar.close()
+                    path = self.save_checkpoint()
+                    print(f"\nstopped: checkpoint of step {self.step} written to {path}; continue with --resume")
+                    raise KeyboardInterrupt
+                if c.eval_steps and self.step % c.eval_steps == 0 and self.step < c.max_steps:
+                    self._emit({"event": "eval", **self.evaluate()}, "eval.jsonl")
+        bar.close()
+        self.save_checkpoint()
+        final = self.evaluate()
+        self._emit({"event": "eval", **final}, "eval.jsonl")
+        from dppo_core.models import quiet_transformers
+
+        with quiet_transformers():
+            self.model.save_pretrained(self.output_dir / "final")
+            self.tokenizer.save_pretrained(self.output_dir / "final")
+        if self._tb is not None:
+            self._tb.close()
+        return {"step": self.step, "last": last, "eval": final}
+
+

@@ -1,0 +1,198 @@
+"""The GRPO trainer on a small local model: updates, LoRA, QLoRA on CPU, checkpoints and resume."""
+
+import json
+
+import pytest
+import torch
+
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.models import TinyModelConfig, build_tiny_model, load_model
+from dppo_core.rollout import HFRollout, SamplingConfig
+from dppo_core.trainer import DPPOTrainer, completion_logprobs_with_grad
+
+# A smaller model than the default, so a training step takes well under a second on 2 cores:
+SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(cache_dir):
+    return build_tiny_model(SMALL, cache_dir)
+
+
+def _config(model_dir, out, **kw):
+    base = dict(model=str(model_dir), output_dir=str(out), prompts_per_step=4, num_generations=4,
+                max_completion_length=12, max_steps=2, save_steps=1, eval_problems_per_level=4,
+                eval_samples=1, train_levels=(2, 3), learning_rate=1e-3)
+    base.update(kw)
+    return DPPOConfig(**base)
+
+
+def parity_reward(prompts, completions, **columns):
+    """A reward with signal even for an untrained model: 1 for an even number of characters."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def _trainer(config):
+    return DPPOTrainer(config, reward_funcs=[parity_reward], progress=False)
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_path):
+    trainer = _trainer(_config(small_model_dir, tmp_path))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    rows = _lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "reward_std", "zero_std_groups", "completion_length", "clip_fraction", "kl",
+                "grad_norm", "tokens_generated", "tokens_trained", "time_rollout", "time_reward",
+                "time_update", "time_sync"):
+        assert key in rows[0], key
+    evals = _lines(tmp_path / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2] and "sampled_L3" in evals[-1]
+    assert (tmp_path / "final" / "config.json").exists()
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(small_model_dir, tmp_path):
+    full = _trainer(_config(small_model_dir, tmp_path / "a", max_steps=4, num_iterations=2))
+    full.train()
+    first = _trainer(_config(small_model_dir, tmp_path / "b", max_steps=2, num_iterations=2))
+    first.train()
+    resumed = _trainer(_config(small_model_dir, tmp_path / "b", max_steps=4, num_iterations=2))
+    resumed.train(resume=True)
+    assert resumed.step == 4
+    drop = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "step_time"} for r in rows]  # noqa: E731
+    assert drop(_lines(tmp_path / "a" / "metrics.jsonl")) == drop(_lines(tmp_path / "b" / "metrics.jsonl"))
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    # checkpoints are whole directories or absent; older ones are pruned
+    names = sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith("checkpoint-"))
+    assert names == ["checkpoint-3", "checkpoint-4"]
+    assert not list((tmp_path / "b").glob(".tmp-*"))
+
+
+def test_lora_trains_only_the_adapter_and_merged_equals_unmerged(small_model_dir, tmp_path):
+    trainer = _trainer(_config(small_model_dir, tmp_path, update_mode="lora", lora_r=4, lora_alpha=8,
+                                  learning_rate=1e-2))
+    trainer.train()
+    model = trainer.model
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    seqs = [[1, 5, 9, 13, 2, 7], [4, 8, 15, 16, 23]]
+    with torch.no_grad():
+        unmerged, mask = completion_logprobs_with_grad(model, [s[:2] for s in seqs], [s[2:] for s in seqs], 1.0, 0)
+        merged_model = model.merge_and_unload()
+        merged, _ = completion_logprobs_with_grad(merged_model, [s[:2] for s in seqs], [s[2:] for s in seqs], 1.0, 0)
+    assert (unmerged - merged).abs().max() < 1e-5
+
+
+def test_lora_reference_policy_is_the_base_with_the_adapter_off(small_model_dir, tmp_path):
+    trainer = _trainer(_config(small_model_dir, tmp_path, update_mode="lora", beta=0.1, learning_rate=1e-2,
+                                  lora_r=4))
+    trainer.train()
+    rows = _lines(tmp_path / "metrics.jsonl")
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the adapter starts at zero: policy == reference
+    assert rows[1]["kl"] > 0
+    assert trainer.ref_model is None
+
+
+def _lora_grads(model) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    logp, mask = completion_logprobs_with_grad(model, [[1, 5, 9]], [[13, 2, 7, 4]], 1.0, 0)
+    (-(logp * mask).sum()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _grads_before_and_after_generate(model_dir, apply_fix: bool):
+    config = DPPOConfig(model=str(model_dir), update_mode="qlora4", lora_r=8, lora_alpha=16)
+    model, tok = DPPOTrainer(config, progress=False).model, None
+    with torch.no_grad():  # give lora_B non-zero values so every adapter matrix has a gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    if not apply_fix:  # undo the trainer's workaround, to show what it prevents
+        for m in model.modules():
+            if type(m).__name__ == "Linear4bit":
+                m.support_avx512bf16_for_cpu = True
+    before = _lora_grads(model)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    HFRollout(model, tok).generate(["What is 1+1?"], 2, SamplingConfig(max_tokens=4, seed=0))
+    model.train()
+    return before, _lora_grads(model)
+
+
+def test_qlora4_gradients_survive_generate_on_cpu(small_model_dir):
+    """bitsandbytes' CPU 4-bit path loses its backward after a no-grad generate unless the trainer's fix is on."""
+    pytest.importorskip("bitsandbytes")
+    before, after = _grads_before_and_after_generate(small_model_dir, apply_fix=True)
+    for name in before:
+        assert torch.allclose(before[name], after[name], rtol=1e-3, atol=1e-6), name
+    if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16"):
+        # negative control: without the fix, gradients that flow back through a 4-bit matmul change
+        before, after = _grads_before_and_after_generate(small_model_dir, apply_fix=False)
+        assert any(not torch.allclose(before[n], after[n], rtol=1e-3, atol=1e-6) for n in before)
+
+
+def test_qlora4_loss_decreases_after_generate(small_model_dir, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    trainer = _trainer(_config(small_model_dir, tmp_path, update_mode="qlora4", lora_r=8, lora_alpha=16,
+                               learning_rate=1e-2))
+    model, tok = trainer.model, trainer.tokenizer
+    HFRollout(model, tok).generate(["What is 1+1?"], 2, SamplingConfig(max_tokens=4, seed=0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(10):
+        model.train()
+        logp, mask = completion_logprobs_with_grad(model, [[1, 5, 9]], [[13, 2, 7, 4]], 1.0, 0)
+        loss = -(logp * mask).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.85 * losses[0], losses
+
+
+def test_bad_model_path_and_prompt_longer_than_context(small_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        _trainer(_config("./no/such/model", tmp_path))
+    with pytest.raises(ConfigError, match="max_completion_length"):
+        _trainer(_config(small_model_dir, tmp_path, max_completion_length=600))
+
+
+def test_engine_log_probs_match_the_update_forward(small_model_dir):
+    """The update's forward pass gives the sampler's log-probs for the same tokens (ratio 1 on-policy)."""
+    model, tok = load_model(small_model_dir)
+    batch = HFRollout(model, tok).generate(["What is 2+3?"], 3, SamplingConfig(max_tokens=8, temperature=0.7, seed=1))
+    g = batch.groups[0]
+    comps = [c for c in g.completions if c.token_ids]
+    with torch.no_grad():
+        logp, mask = completion_logprobs_with_grad(model, [g.prompt_ids] * len(comps),
+                                                   [c.token_ids for c in comps], 0.7, tok.pad_token_id)
+    for i, c in enumerate(comps):
+        assert torch.allclose(logp[i, : c.length], torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes(small_model_dir, tmp_path):
+    import os
+    import signal
+
+    def press_ctrl_c(metrics):
+        if metrics.get("step") == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = _trainer(_config(small_model_dir, tmp_path, max_steps=3, save_steps=0))
+    trainer.callbacks.append(press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert [p.name for p in trainer.checkpoints()] == ["checkpoint-1"]
+    resumed = _trainer(_config(small_model_dir, tmp_path, max_steps=3, save_steps=0))
+    resumed.train(resume=True)
+    assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
