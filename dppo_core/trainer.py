@@ -310,6 +310,7 @@ class DPPOTrainer:
         completions = [c.text for grp in batch.groups for c in grp.completions]
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k != "prompt"}
         total = torch.zeros(len(completions))
+        self._reward_means = {}
         for fn in self.reward_funcs:
             scores = fn(prompts=prompts, completions=completions, **columns)
             if len(scores) != len(completions):
@@ -320,6 +321,7 @@ class DPPOTrainer:
                 raise ValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned a NaN or infinite "
                                  "score; return a finite float for every completion")
             total += values
+            self._reward_means[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.mean().item()
         return total.view(len(rows), g)
 
     def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor) -> Sequences:
@@ -412,6 +414,7 @@ class DPPOTrainer:
             "step": self.step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item(),
+            **self._reward_means,
             "zero_std_groups": zero_std,
             "completion_length": sum(lengths) / len(lengths),
             "completion_length_max": max(lengths),

@@ -46,3 +46,13 @@ def test_package_imports_and_has_a_version():
     import dppo_core
 
     assert dppo_core.__version__
+
+
+def test_public_surface_imports():
+    from dppo_core import DPPOConfig, DPPOTrainer
+    from dppo_core.rewards import extract_answer, math_reward
+    from dppo_core.tasks import load_benchmark
+
+    assert callable(DPPOTrainer) and DPPOConfig().num_generations >= 2
+    assert extract_answer("so \\boxed{42}") == "42" and math_reward("\\boxed{42}", "42") == 1.0
+    assert callable(load_benchmark)

@@ -49,7 +49,7 @@ def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_p
     assert any(not torch.equal(before[k], after[k]) for k in before)
     rows = _lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward_mean", "reward_std", "zero_std_groups", "completion_length", "clip_fraction", "kl",
+    for key in ("reward_mean", "reward_std", "reward_parity_reward", "zero_std_groups", "completion_length", "clip_fraction", "kl",
                 "grad_norm", "tokens_generated", "tokens_trained", "time_rollout", "time_reward",
                 "time_update", "time_sync"):
         assert key in rows[0], key
@@ -164,6 +164,23 @@ def test_bad_model_path_and_prompt_longer_than_context(small_model_dir, tmp_path
         _trainer(_config("./no/such/model", tmp_path))
     with pytest.raises(ConfigError, match="max_completion_length"):
         _trainer(_config(small_model_dir, tmp_path, max_completion_length=600))
+
+
+def test_a_prompt_longer_than_the_context_names_the_prompt(small_model_dir, tmp_path):
+    from dppo_core.trainer import PromptSource
+
+    long_row = {"id": "too-long", "prompt": [{"role": "user", "content": "1+" * 400 + "1"}], "answer": "401"}
+    trainer = DPPOTrainer(_config(small_model_dir, tmp_path), prompt_source=PromptSource([long_row]),
+                          progress=False)
+    with pytest.raises(ConfigError, match="'too-long' has .* tokens"):
+        trainer.train()
+
+
+def test_empty_dataset_is_refused():
+    from dppo_core.trainer import PromptSource
+
+    with pytest.raises(ConfigError, match="empty"):
+        PromptSource([])
 
 
 def test_engine_log_probs_match_the_update_forward(small_model_dir):

@@ -127,6 +127,17 @@ def test_same_seed_same_samples(engine, prompts):
     assert len({tuple(x) for x in twice[0] + twice[1]}) == 2 * G
 
 
+def test_a_large_seeded_rl_batch_does_not_kill_the_engine(engine):
+    """Hundreds of seeded requests at once (an RL step) once overflowed vLLM-CPU's per-step token budget,
+    whose partial prefill of a seeded request kills the engine; the engine now has a larger budget."""
+    prompts = [[{"role": "user", "content": f"What is {a}+{b}? Put the final answer in \\boxed{{}}."}]
+               for a in range(10, 42) for b in (3, 7)]
+    batch = engine.generate(prompts, 8, SamplingConfig(max_tokens=4, temperature=1.0, seed=3))  # 512 sequences
+    assert batch.num_completions == 512
+    again = engine.generate(prompts[:2], 2, SamplingConfig(max_tokens=4, temperature=1.0, seed=3))
+    assert [c.token_ids for c in again.groups[0].completions]
+
+
 def test_full_sync_follows_new_weights(engine, base, tiny_model_dir, prompts):
     seqs = sample_sequences(engine, prompts)
     before = engine.score(seqs)
