@@ -8,6 +8,11 @@ Each variant is ``dppo train --preset tiny-grpo`` with the overrides listed in V
 eval.jsonl and config.json are kept under OUTPUT/NAME (checkpoints and the final model are not), and
 OUTPUT/summary.md tabulates the first and last evaluation. ``--summarize`` only rewrites the summary from
 runs already in OUTPUT.
+
+Learning curves over seeds (full fine-tuning, transformers engine, evaluation every 25 steps on all five
+levels, so forgetting of the untrained level 1 shows):
+
+    .venv/bin/python benchmarks/grpo_tiny.py --curves 0 1 2 --output benchmarks/results/tiny-grpo
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ def run(name: str, overrides: list[str], output: Path) -> None:
     for f in KEEP:
         shutil.copy(work / f, output / name / f)
     shutil.rmtree(work)
+
+
+CURVE_OVERRIDES = ["eval_steps=25", "eval_levels=[1,2,3,4,5]"]
 
 
 def summarize(output: Path) -> str:
@@ -77,18 +85,75 @@ def summarize(output: Path) -> str:
     return text
 
 
+def _read(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def plot_curves(curves: Path) -> str:
+    """Accuracy vs step and vs training wall-clock per seed (curves.png) and a table (curves.md)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(d for d in curves.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / "eval.jsonl").exists())
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    rows = ["| seed | steps | train time | sampled L2-5 before | after | gain | greedy L2-5 before | after "
+            "| greedy L1 before | after | zero-signal groups at step 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, d in enumerate(runs):
+        evals, steps = _read(d / "eval.jsonl"), _read(d / "metrics.jsonl")
+        clock = {0: 0.0}
+        total = 0.0
+        for m in steps:
+            total += m["step_time"]
+            clock[m["step"]] = total
+        xs = [e["step"] for e in evals]
+        for ax, x in ((axes[0], xs), (axes[1], [clock[s] / 60 for s in xs])):
+            ax.errorbar(x, [e["sampled_accuracy"] for e in evals], yerr=[e["sampled_stderr"] for e in evals],
+                        color=f"C{i}", marker="o", label=f"{d.name} sampled (T=1)")
+            ax.plot(x, [e["greedy_accuracy"] for e in evals], color=f"C{i}", ls="--", marker="x",
+                    label=f"{d.name} greedy")
+        first, last = evals[0], evals[-1]
+        rows.append(f"| {d.name} | {len(steps)} | {total / 60:.1f} min | {first['sampled_accuracy']:.3f} ± "
+                    f"{first['sampled_stderr']:.3f} | {last['sampled_accuracy']:.3f} ± {last['sampled_stderr']:.3f} | "
+                    f"{100 * (last['sampled_accuracy'] - first['sampled_accuracy']):+.1f} pts | "
+                    f"{first['greedy_accuracy']:.3f} | {last['greedy_accuracy']:.3f} | "
+                    f"{first.get('greedy_L1', float('nan')):.3f} | {last.get('greedy_L1', float('nan')):.3f} | "
+                    f"{steps[0]['zero_std_groups']:.2f} |")
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("training wall-clock (min, 2 CPU cores, evaluation excluded)")
+    axes[0].set_ylabel("held-out accuracy, levels 2-5")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("GRPO on the embedded task (tiny-grpo, full fine-tuning)")
+    fig.tight_layout()
+    fig.savefig(curves / "curves.png", dpi=110)
+    text = ("# GRPO learning curves, three seeds\n\nCommand: `.venv/bin/python benchmarks/grpo_tiny.py --curves 0 1 2 "
+            "--output benchmarks/results/tiny-grpo`\n\n![curves](curves.png)\n\n" + "\n".join(rows) + "\n")
+    (curves / "curves.md").write_text(text)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/tiny-grpo"))
     parser.add_argument("--only", nargs="*", default=None, help="run only these variants")
-    parser.add_argument("--summarize", action="store_true", help="only rewrite summary.md")
+    parser.add_argument("--summarize", action="store_true", help="only rewrite summary.md (and curves.md)")
+    parser.add_argument("--curves", nargs="*", type=int, default=None, metavar="SEED",
+                        help="instead: learning curves of the full-hf variant for these seeds, into OUTPUT/curves")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
+    if args.curves is not None:
+        for seed in args.curves:
+            run(f"seed-{seed}", [f"seed={seed}", *CURVE_OVERRIDES], args.output / "curves")
+        print(plot_curves(args.output / "curves"))
+        return
     if not args.summarize:
         for name, overrides in VARIANTS.items():
             if args.only is None or name in args.only:
                 run(name, overrides, args.output)
     print(summarize(args.output))
+    if (args.output / "curves").is_dir():
+        print(plot_curves(args.output / "curves"))
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     final = result["eval"]
     if first and final:
         print(f"\n{'':>10} {'before':>8} {'after':>8}")
-        for key in [k for k in final if k.endswith("accuracy") or "_L" in k]:
+        for key in [k for k in final if (k.endswith("accuracy") or "_L" in k) and not k.endswith("stderr")]:
             print(f"{key:>18} {first.get(key, float('nan')):>8.3f} {final[key]:>8.3f}")
     return 0
 

@@ -99,6 +99,8 @@ class DPPOConfig:
     """Checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
     eval_steps: int = 0
     """Evaluate on held-out problems every this many steps (0: only before and after)."""
+    eval_levels: tuple[int, ...] | None = None
+    """Levels of the embedded task to evaluate on; None: ``train_levels`` (add level 1 to watch forgetting)."""
     eval_problems_per_level: int = 200
     """Held-out problems per level for evaluation."""
     eval_samples: int = 4
@@ -114,7 +116,7 @@ class DPPOConfig:
     """Free-form settings for user extensions; not validated."""
 
     def __post_init__(self) -> None:
-        for name in ("train_levels", "level_weights", "lora_target_modules"):
+        for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels"):
             value = getattr(self, name)
             if isinstance(value, list):
                 setattr(self, name, tuple(value))
@@ -146,6 +148,8 @@ class DPPOConfig:
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
         need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
         need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
+        need(self.eval_levels is None or len(self.eval_levels) > 0, "eval_levels",
+             "give at least one level, or null for the training levels")
         if self.level_weights is not None:
             need(len(self.level_weights) == len(self.train_levels) and min(self.level_weights) >= 0
                  and sum(self.level_weights) > 0, "level_weights",

@@ -260,6 +260,7 @@ class DPPOTrainer:
         self.engine = None
         self._tb = None
         self._stop_requested = False
+        self._reward_means: dict[str, float] = {}
 
     # --- helpers ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
@@ -269,11 +270,12 @@ class DPPOTrainer:
     def _make_engine(self):
         from dppo_core.rollout import make_rollout_engine
 
-        c = self.config
-        kind = c.rollout_engine
+        kind = self.config.rollout_engine
+        if kind == "hf":
+            return make_rollout_engine("hf", model=self.model, tokenizer=self.tokenizer)
+        # "vllm" demands vLLM (an error if it cannot start); "auto" falls back to transformers with a warning
         return make_rollout_engine(kind, model=self.model, tokenizer=self.tokenizer, model_path=self.model_path,
-                                   require=(kind == "vllm"), seed=c.seed) if kind != "hf" else \
-            make_rollout_engine("hf", model=self.model, tokenizer=self.tokenizer)
+                                   require=kind == "vllm", seed=self.config.seed)
 
     def _emit(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
         with open(self.output_dir / filename, "a") as f:
@@ -437,19 +439,23 @@ class DPPOTrainer:
         c = self.config
         if c.task != "arithmetic":
             return {}
-        problems = [p for lvl in c.train_levels for p in ArithmeticTask([lvl]).test(lvl, c.eval_problems_per_level)]
+        levels = c.eval_levels or c.train_levels
+        problems = [p for lvl in levels for p in ArithmeticTask([lvl]).test(lvl, c.eval_problems_per_level)]
         engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
         greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed)
         sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
                                 max_tokens=c.max_completion_length, seed=c.seed)
         record = {"step": self.step}
+        trained = [lvl for lvl in c.train_levels if lvl in levels] or list(levels)
         for name, ev in (("greedy", greedy), ("sampled", sampled)):
-            mean, se = ev.mean_over(c.train_levels)
+            # the headline accuracy is over the trained levels; every evaluated level is logged
+            mean, se = ev.mean_over(trained)
             record[f"{name}_accuracy"] = mean
             record[f"{name}_stderr"] = se
-            record[f"{name}_steps_share"] = sum(ev.levels[lvl].steps_share for lvl in c.train_levels) / len(c.train_levels)
-            for lvl in c.train_levels:
+            record[f"{name}_steps_share"] = sum(ev.levels[lvl].steps_share for lvl in trained) / len(trained)
+            for lvl in levels:
                 record[f"{name}_L{lvl}"] = ev.levels[lvl].accuracy
+                record[f"{name}_L{lvl}_stderr"] = ev.levels[lvl].stderr
         return record
 
     # --- checkpoints ------------------------------------------------------------------------------

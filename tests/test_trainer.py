@@ -42,7 +42,7 @@ def _lines(path):
 
 
 def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_path):
-    trainer = _trainer(_config(small_model_dir, tmp_path))
+    trainer = _trainer(_config(small_model_dir, tmp_path, eval_levels=(1, 2, 3)))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
     after = trainer.model.state_dict()
@@ -54,7 +54,7 @@ def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_p
                 "time_update", "time_sync"):
         assert key in rows[0], key
     evals = _lines(tmp_path / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 2] and "sampled_L3" in evals[-1]
+    assert [e["step"] for e in evals] == [0, 2] and "sampled_L3" in evals[-1] and "greedy_L1_stderr" in evals[-1]
     assert (tmp_path / "final" / "config.json").exists()
 
 
