@@ -261,6 +261,7 @@ class DPPOTrainer:
         self._tb = None
         self._stop_requested = False
         self._reward_means: dict[str, float] = {}
+        self._prompt_lengths: dict[str, int] = {}
 
     # --- helpers ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
@@ -296,7 +297,10 @@ class DPPOTrainer:
 
             limit = self.context_length - c.max_completion_length
             for r in rows:
-                n = len(encode_prompt(self.tokenizer, r["prompt"]))
+                key = r.get("id") or json.dumps(r["prompt"])
+                if key not in self._prompt_lengths:  # each prompt is tokenised for this check once per run
+                    self._prompt_lengths[key] = len(encode_prompt(self.tokenizer, r["prompt"]))
+                n = self._prompt_lengths[key]
                 if n > limit:
                     raise ConfigError(f"prompt {r.get('id')!r} has {n} tokens, more than the model's context "
                                       f"({self.context_length}) minus max_completion_length "
@@ -440,7 +444,8 @@ class DPPOTrainer:
         if c.task != "arithmetic":
             return {}
         levels = c.eval_levels or c.train_levels
-        problems = [p for lvl in levels for p in ArithmeticTask([lvl]).test(lvl, c.eval_problems_per_level)]
+        task = ArithmeticTask(levels)  # built once per evaluation, not once per level
+        problems = [p for lvl in levels for p in task.test(lvl, c.eval_problems_per_level)]
         engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
         greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed)
         sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
