@@ -16,6 +16,7 @@ from typing import Any
 
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+PRUNING_MODES = ("none", "dppo", "cppo", "greso")
 
 
 class ConfigError(ValueError):
@@ -75,6 +76,39 @@ class DPPOConfig:
     """AdamW weight decay."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (then constant)."""
+
+    # --- pruning (DPPO, chapter 05-06) -------------------------------------------------------------
+    pruning: str = "none"
+    """``"none"`` (plain GRPO), ``"dppo"`` (unbiased: pruned prompts and completions, importance
+    weights 1 / (pi_q p_qi)), or the BIASED baselines ``"cppo"`` (top-k completions by |A|, no weights)
+    and ``"greso"`` (skip prompts whose last group was degenerate, no weights)."""
+    prompt_prune_rate: float = 0.0
+    """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means)."""
+    completion_prune_rate: float = 0.0
+    """r_o in [0, 1): how hard to prune completions after reward (per group of G)."""
+    prompt_scheme: str = "paper"
+    """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q) or
+    ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q)."""
+    completion_scheme: str = "proportional"
+    """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o; the
+    variance-minimising choice) or ``"paper"`` (the lower half by |A| kept with 1 - r_o)."""
+    min_prompt_keep_prob: float = 0.1
+    """Floor of a prompt's keep probability (bounds the importance weights; in (0, 1])."""
+    min_completion_keep_prob: float = 0.1
+    """Floor of a completion's keep probability (in (0, 1]); completions with A = 0 and beta = 0 have
+    an identically zero loss and may get 0 (``drop_zero_advantage``)."""
+    drop_zero_advantage: bool = True
+    """With ``pruning: dppo`` and beta = 0, never train on completions with A = 0 (exact, no bias)."""
+    fixed_size_sampling: bool = False
+    """Keep exactly the expected number of items each step (systematic PPS sampling) instead of
+    independent coin flips; same inclusion probabilities, steadier batch sizes."""
+    dense_prompts: bool = False
+    """Look ahead in the dataset for candidates until the expected number of kept prompts reaches
+    ``prompts_per_step``, so the generation batch stays full (the estimator is over the whole window)."""
+    prompt_window_factor: int = 4
+    """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead."""
+    history_max_age: int | None = None
+    """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never."""
 
     # --- update mode ------------------------------------------------------------------------------
     update_mode: str = "full"
@@ -142,6 +176,22 @@ class DPPOConfig:
         need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "choose one of group, batch, none")
         need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
         need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
+        need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {PRUNING_MODES}")
+        for name in ("prompt_prune_rate", "completion_prune_rate"):
+            need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
+        for name in ("prompt_scheme", "completion_scheme"):
+            need(getattr(self, name) in ("paper", "proportional"), name, "choose paper or proportional")
+        for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
+            need(0 < getattr(self, name) <= 1, name,
+                 "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")
+        need(self.prompt_window_factor >= 1, "prompt_window_factor", "must be at least 1")
+        need(self.history_max_age is None or self.history_max_age >= 1, "history_max_age", "must be >= 1 or null")
+        need(self.pruning != "none" or (self.prompt_prune_rate == 0 and self.completion_prune_rate == 0),
+             "pruning", "prune rates are set but pruning is 'none'; set pruning: dppo (or cppo/greso)")
+        need(self.pruning != "cppo" or self.prompt_prune_rate == 0, "prompt_prune_rate",
+             "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
+        need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
+             "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
         need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")
         need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
         need(self.max_steps >= 1, "max_steps", "must be at least 1")

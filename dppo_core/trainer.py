@@ -39,6 +39,7 @@ import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.grpo import group_advantages, policy_loss, token_logprobs
+from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import RolloutBatch, SamplingConfig
 from dppo_core.tasks import ArithmeticTask, Problem
 
@@ -63,6 +64,22 @@ class PromptSource:
     def sample(self, seed: int, step: int, n: int) -> list[dict[str, Any]]:
         rng = random.Random(f"prompts:{seed}:{step}")
         return rng.choices(self.rows, weights=self.weights, k=n)
+
+
+def prompt_key(row: dict[str, Any]) -> str:
+    """The id a prompt's history is stored under: the row's ``id``, else its messages as JSON."""
+    return str(row["id"]) if row.get("id") is not None else json.dumps(row["prompt"], sort_keys=True)
+
+
+@dataclass
+class PromptSelection:
+    """The prompts a step rolls out, drawn from a window of candidates with known inclusion probabilities."""
+
+    rows: list[dict[str, Any]]  # the kept prompts, sent to the rollout engine
+    probs: torch.Tensor  # (len(rows),) pi_q of each kept prompt
+    window: int  # |B|: the number of candidate prompts the step's objective is over
+    window_probs: torch.Tensor  # (window,) pi of every candidate
+    indices: list[int]  # position of each kept prompt in the window
 
 
 def build_prompt_source(config: DPPOConfig) -> PromptSource:
@@ -171,6 +188,8 @@ class Sequences:
     advantages: torch.Tensor  # (N,)
     weights: torch.Tensor  # (N,) 1 for GRPO; 1 / keep probability for DPPO
     num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
+    pruned_tokens: int = 0  # completion tokens rolled out but not trained on
+    origin: list[tuple[int, int]] | None = None  # (group, completion) in the rollout batch of each sequence
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -262,6 +281,7 @@ class DPPOTrainer:
         self._stop_requested = False
         self._reward_means: dict[str, float] = {}
         self._prompt_lengths: dict[str, int] = {}
+        self.history = PromptHistory()  # what each prompt's last rollouts showed (prompt pruning reads it)
 
     # --- helpers ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
@@ -289,15 +309,61 @@ class DPPOTrainer:
             cb(record)
 
     # --- one step ---------------------------------------------------------------------------------
-    def rollout(self, step: int) -> tuple[list[dict[str, Any]], RolloutBatch]:
+    def select_prompts(self, step: int, candidates: list[dict[str, Any]] | None = None) -> PromptSelection:
+        """The step's candidate window and which of its prompts to roll out (prompt pruning, before rollout).
+
+        Without prompt pruning: ``prompts_per_step`` prompts, all kept. With it, each candidate q gets an
+        inclusion probability pi_q from its history (``dppo``) or the GRESO skip rule (``greso``) and is
+        kept by an independent draw (or a fixed-size one); with ``dense_prompts`` the window extends
+        ahead in the dataset until about ``prompts_per_step`` prompts are expected to be kept.
+        ``candidates`` replaces the dataset's draw for this step (the window is then exactly these).
+        """
+        from dppo_core import pruning
+
         c = self.config
-        rows = self.prompts.sample(c.seed, step, c.prompts_per_step)
+        k = c.prompts_per_step
+        if candidates is not None:
+            stream, k = list(candidates), len(candidates)
+            dense = False
+        else:
+            dense = c.dense_prompts
+            n = k * (c.prompt_window_factor if dense else 1)
+            stream = self.prompts.sample(c.seed, step, n if c.pruning in ("dppo", "greso") else k)
+        if c.pruning not in ("dppo", "greso") or c.prompt_prune_rate == 0:
+            rows = stream[:k]
+            ones = torch.ones(k, dtype=torch.float64)
+            return PromptSelection(rows, ones, k, ones, list(range(k)))
+        ids = [prompt_key(r) for r in stream]
+
+        def probs_for(ids_, budget=None):
+            if c.pruning == "greso":
+                return pruning.greso_keep_probs(self.history, ids_, c.prompt_prune_rate, step=step,
+                                                max_age=c.history_max_age)
+            return pruning.prompt_keep_probs(self.history, ids_, c.prompt_prune_rate, scheme=c.prompt_scheme,
+                                             min_keep_prob=c.min_prompt_keep_prob, step=step,
+                                             max_age=c.history_max_age, budget=budget)
+
+        probs = probs_for(ids)
+        window = k
+        if dense:
+            window = pruning.dense_window(probs, k)
+            # DPPO: rescale the window's probabilities so that exactly k prompts are expected
+            probs = probs_for(ids[:window], budget=k if c.pruning == "dppo" else None)
+        keep = pruning.sample_keep(probs, pruning.step_generator(c.seed, step, "prompts"), c.fixed_size_sampling)
+        kept = keep.nonzero().flatten().tolist()
+        return PromptSelection([stream[i] for i in kept], probs[kept], window, probs, kept)
+
+    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], RolloutBatch]:
+        """Sample ``num_generations`` completions for each prompt of ``rows`` (default: the step's selection)."""
+        c = self.config
+        if rows is None:
+            rows = self.select_prompts(step).rows
         if self.context_length:
             from dppo_core.models import encode_prompt
 
             limit = self.context_length - c.max_completion_length
             for r in rows:
-                key = r.get("id") or json.dumps(r["prompt"])
+                key = prompt_key(r)
                 if key not in self._prompt_lengths:  # each prompt is tokenised for this check once per run
                     self._prompt_lengths[key] = len(encode_prompt(self.tokenizer, r["prompt"]))
                 n = self._prompt_lengths[key]
@@ -330,19 +396,55 @@ class DPPOTrainer:
             self._reward_means[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.mean().item()
         return total.view(len(rows), g)
 
-    def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor) -> Sequences:
-        """Every completion becomes a training sequence with weight 1 (pruning replaces this)."""
-        prompt_ids, completion_ids, adv = [], [], []
+    def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor,
+                        selection: PromptSelection | None = None, step: int | None = None) -> Sequences:
+        """The completions to train on, with their weights and the loss normaliser (completion pruning).
+
+        ``none``: every completion, weight 1, normaliser P*G. ``dppo``: completion (q, i) is kept with
+        p_qi from |A| (:func:`dppo_core.pruning.completion_keep_probs`) and weighted 1 / (pi_q p_qi); the
+        normaliser is |B|*G over the whole candidate window, so the loss is an unbiased estimate of the
+        full-batch GRPO loss. ``cppo``: the top-k by |A| per group, weight 1, normalised by the number
+        kept (biased). ``greso``: every completion of the kept prompts, weight 1 (biased).
+        Completions without tokens have a zero loss and are skipped.
+        """
+        from dppo_core import pruning
+
+        c = self.config
+        num_prompts, g = advantages.shape
+        step = self.step if step is None else step
+        prompt_probs = selection.probs if selection is not None else torch.ones(num_prompts, dtype=torch.float64)
+        window = selection.window if selection is not None else num_prompts
+        weights = torch.ones(num_prompts, g, dtype=torch.float64)
+        keep = torch.ones(num_prompts, g, dtype=torch.bool)
+        num_sequences = num_prompts * g
+        if c.pruning == "dppo":
+            if c.completion_prune_rate > 0 or (c.drop_zero_advantage and c.beta == 0):
+                probs = pruning.completion_keep_probs(
+                    advantages, c.completion_prune_rate, scheme=c.completion_scheme,
+                    min_keep_prob=c.min_completion_keep_prob, beta=c.beta, drop_zero=c.drop_zero_advantage)
+            else:
+                probs = torch.ones(num_prompts, g, dtype=torch.float64)
+            keep = pruning.sample_keep(probs, pruning.step_generator(c.seed, step, "completions"),
+                                       c.fixed_size_sampling)
+            weights = pruning.importance_weights(prompt_probs, probs, keep)
+            num_sequences = window * g
+        elif c.pruning == "cppo":
+            keep = pruning.cppo_keep(advantages, c.completion_prune_rate)
+            num_sequences = int(keep.sum())
+        prompt_ids, completion_ids, adv, w, origin = [], [], [], [], []
+        pruned_tokens = 0
         for gi, grp in enumerate(batch.groups):
             for ci, comp in enumerate(grp.completions):
-                if not comp.token_ids:
-                    continue  # nothing to train on
+                if not keep[gi, ci] or not comp.token_ids:
+                    pruned_tokens += len(comp.token_ids)
+                    continue
                 prompt_ids.append(grp.prompt_ids)
                 completion_ids.append(comp.token_ids)
                 adv.append(advantages[gi, ci].item())
-        n = len(completion_ids)
-        return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.ones(n),
-                         num_sequences=batch.num_completions)
+                w.append(float(weights[gi, ci]))
+                origin.append((gi, ci))
+        return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.tensor(w, dtype=torch.float32),
+                         num_sequences=num_sequences, pruned_tokens=pruned_tokens, origin=origin)
 
     @contextlib.contextmanager
     def _reference(self):
@@ -401,37 +503,62 @@ class DPPOTrainer:
         return stats
 
     def train_step(self) -> dict[str, Any]:
+        """One step: select (prune prompts), roll out, reward, advantages, prune completions, update, sync."""
+        from dppo_core.pruning import effective_sample_size
+
         c = self.config
+        zero_stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
         t0 = time.perf_counter()
-        rows, batch = self.rollout(self.step)
+        selection = self.select_prompts(self.step)
+        t_select = time.perf_counter() - t0
+        record: dict[str, Any] = {"prompts_candidates": selection.window, "prompts_rolled_out": len(selection.rows)}
+        if not selection.rows:
+            # every candidate was pruned: the estimate of this step's loss is exactly 0 (a valid draw of
+            # an unbiased estimator), so there is nothing to roll out or train; the step is counted
+            self.step += 1
+            record.update(step=self.step, skipped=1, **zero_stats, reward_mean=None, lr=self._lr(self.step - 1),
+                          tokens_generated=0, tokens_trained=0, sequences_trained=0, time_prune=t_select,
+                          step_time=time.perf_counter() - t0)
+            return record
         t1 = time.perf_counter()
+        rows, batch = self.rollout(self.step, selection.rows)
+        t2 = time.perf_counter()
         rewards = self.score(rows, batch)
         adv = group_advantages(rewards, c.scale_rewards)
-        t2 = time.perf_counter()
-        seqs = self.build_sequences(batch, adv)
-        stats = self.update(seqs) if len(seqs) else {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        self.history.update([prompt_key(r) for r in rows], rewards, adv, self.step)
         t3 = time.perf_counter()
-        self.engine.sync(self.model)
+        seqs = self.build_sequences(batch, adv, selection)
         t4 = time.perf_counter()
+        stats = self.update(seqs) if len(seqs) else zero_stats
+        t5 = time.perf_counter()
+        self.engine.sync(self.model)
+        t6 = time.perf_counter()
         self.step += 1
         lengths = [c_.length for g in batch.groups for c_ in g.completions]
+        mean_len = sum(lengths) / len(lengths)
         zero_std = (rewards.std(dim=1) == 0).float().mean().item()
-        record = {
+        record.update({
             "step": self.step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item(),
             **self._reward_means,
             "zero_std_groups": zero_std,
-            "completion_length": sum(lengths) / len(lengths),
+            "completion_length": mean_len,
             "completion_length_max": max(lengths),
             **stats,
             "lr": self._lr(self.step - 1),
             "tokens_generated": batch.num_generated_tokens,
             "tokens_trained": seqs.num_tokens,
             "sequences_trained": len(seqs),
-            "time_rollout": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2, "time_sync": t4 - t3,
-            "step_time": t4 - t0,
-        }
+            "completions_rolled_out": batch.num_completions,
+            # rollout tokens saved is an estimate (pruned prompts were never generated): this step's mean length
+            "tokens_saved_rollout_est": round((selection.window - len(rows)) * c.num_generations * mean_len),
+            "tokens_saved_update": seqs.pruned_tokens,
+            "weight_ess": effective_sample_size(seqs.weights) if len(seqs) else 0.0,
+            "weight_max": float(seqs.weights.max()) if len(seqs) else 0.0,
+            "time_prune": t_select + (t4 - t3), "time_rollout": t2 - t1, "time_reward": t3 - t2,
+            "time_update": t5 - t4, "time_sync": t6 - t5, "step_time": t6 - t0,
+        })
         return record
 
     # --- evaluation -------------------------------------------------------------------------------
@@ -488,6 +615,7 @@ class DPPOTrainer:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             state = {"step": self.step, "config": self.config.to_dict(), "model_path": self.model_path,
                      "torch_rng": torch.get_rng_state().tolist()}
+            (tmp / "prompt_history.json").write_text(json.dumps(self.history.state_dict()))
             (tmp / "trainer_state.json").write_text(json.dumps(state))
             os.rename(tmp, target)
         finally:
@@ -524,6 +652,13 @@ class DPPOTrainer:
 
             set_peft_model_state_dict(self.model, weights)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        history_file = path / "prompt_history.json"
+        if history_file.is_file():
+            try:
+                self.history = PromptHistory.from_state_dict(json.loads(history_file.read_text()))
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint {path}: prompt_history.json is corrupt ({exc}); delete the "
+                                  "checkpoint to resume from the one before") from exc
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         self.step = step
 
@@ -594,7 +729,8 @@ class DPPOTrainer:
                 last = self.train_step()
                 self._emit(last)
                 bar.update(1)
-                bar.set_postfix(reward=f"{last['reward_mean']:.3f}", step_s=f"{last['step_time']:.2f}")
+                bar.set_postfix(reward="skipped" if last.get("skipped") else f"{last['reward_mean']:.3f}",
+                                step_s=f"{last['step_time']:.2f}")
                 if c.save_steps and self.step % c.save_steps == 0:
                     self.save_checkpoint()
                 if self._stop_requested:

@@ -213,3 +213,77 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes(small_model_di
     resumed.train(resume=True)
     assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _metrics_without_times(path):
+    return [{k: v for k, v in r.items() if not k.startswith("time") and k != "step_time"} for r in _lines(path)]
+
+
+@pytest.mark.parametrize("keep_all", [dict(prompt_prune_rate=0.0, completion_prune_rate=0.0),
+                                      dict(prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                                           min_prompt_keep_prob=1.0, min_completion_keep_prob=1.0)])
+def test_dppo_with_every_keep_probability_one_is_grpo_step_for_step(small_model_dir, tmp_path, keep_all):
+    grpo = _trainer(_config(small_model_dir, tmp_path / "grpo", max_steps=3, num_iterations=2))
+    grpo.train()
+    dppo = _trainer(_config(small_model_dir, tmp_path / "dppo", max_steps=3, num_iterations=2, pruning="dppo",
+                            drop_zero_advantage=False, **keep_all))
+    dppo.train()
+    pruning_keys = {"prompts_candidates", "prompts_rolled_out", "completions_rolled_out", "tokens_saved_rollout_est",
+                    "tokens_saved_update", "weight_ess", "weight_max"}
+    a = _metrics_without_times(tmp_path / "grpo" / "metrics.jsonl")
+    b = _metrics_without_times(tmp_path / "dppo" / "metrics.jsonl")
+    assert a == b
+    assert all(r["tokens_saved_update"] == 0 and r["weight_max"] == 1.0 for r in b) and pruning_keys <= set(b[0])
+    for (name, x), y in zip(grpo.model.state_dict().items(), dppo.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, tmp_path):
+    kw = dict(max_steps=4, pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
+              prompt_scheme="proportional", fixed_size_sampling=True, dense_prompts=True, prompts_per_step=4)
+    full = _trainer(_config(small_model_dir, tmp_path / "a", **kw))
+    full.prompts.rows = full.prompts.rows[:6]  # a small dataset, so prompts recur and their history is used
+    full.prompts.weights = None
+    full.train()
+    rows = _lines(tmp_path / "a" / "metrics.jsonl")
+    assert all(r["tokens_saved_update"] > 0 for r in rows)
+    assert all(r["sequences_trained"] <= r["completions_rolled_out"] for r in rows)
+    assert any(r["prompts_candidates"] > r["prompts_rolled_out"] for r in rows), rows  # history pruned some prompts
+    assert len(full.history) > 0
+    first = _trainer(_config(small_model_dir, tmp_path / "b", **{**kw, "max_steps": 2}))
+    first.prompts.rows, first.prompts.weights = full.prompts.rows, None
+    first.train()
+    assert (tmp_path / "b" / "checkpoint-2" / "prompt_history.json").is_file()
+    resumed = _trainer(_config(small_model_dir, tmp_path / "b", **kw))
+    resumed.prompts.rows, resumed.prompts.weights = full.prompts.rows, None
+    resumed.train(resume=True)
+    assert resumed.history.records == full.history.records
+    assert _metrics_without_times(tmp_path / "a" / "metrics.jsonl") == _metrics_without_times(tmp_path / "b" / "metrics.jsonl")
+    for (name, x), y in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_a_step_whose_prompts_are_all_pruned_is_skipped_and_counted(small_model_dir, tmp_path):
+    from dppo_core.pruning import PromptHistory
+
+    trainer = _trainer(_config(small_model_dir, tmp_path, max_steps=1, pruning="greso", prompt_prune_rate=0.99))
+    ids = [str(r["id"]) for r in trainer.prompts.rows]
+    trainer.history = PromptHistory()
+    trainer.history.update(ids, torch.zeros(len(ids), 2), torch.zeros(len(ids), 2), step=0)  # all degenerate
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    record = trainer.train_step()
+    # 4 prompts each kept with probability 0.01: all pruned for this seed
+    assert record["skipped"] == 1 and record["prompts_rolled_out"] == 0 and record["tokens_trained"] == 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.step == 1
+
+
+def test_pruning_config_errors_say_how_to_fix(small_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="pruning is 'none'"):
+        _config(small_model_dir, tmp_path, completion_prune_rate=0.5)
+    with pytest.raises(ConfigError, match="completion_prune_rate=1.0"):
+        _config(small_model_dir, tmp_path, pruning="dppo", completion_prune_rate=1.0)
+    with pytest.raises(ConfigError, match="min_completion_keep_prob"):
+        _config(small_model_dir, tmp_path, pruning="dppo", min_completion_keep_prob=0.0)
+    with pytest.raises(ConfigError, match="CPPO prunes completions only"):
+        _config(small_model_dir, tmp_path, pruning="cppo", prompt_prune_rate=0.5)
