@@ -28,13 +28,16 @@ VARIANTS = {
     "full-hf": [],
     "full-vllm": ["rollout_engine=vllm"],
     "lora-hf": ["update_mode=lora", "learning_rate=3e-4"],
+    "dppo-hf": ["preset=tiny-dppo"],  # the tiny-dppo preset: tiny-grpo plus unbiased pruning
 }
 KEEP = ("metrics.jsonl", "eval.jsonl", "config.json")
 
 
 def run(name: str, overrides: list[str], output: Path) -> None:
     work = output / f".{name}-run"
-    cmd = [sys.executable, "-m", "dppo_core.cli", "train", "--preset", "tiny-grpo", "--output-dir", str(work), *overrides]
+    preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("preset=")), "tiny-grpo")
+    overrides = [o for o in overrides if not o.startswith("preset=")]
+    cmd = [sys.executable, "-m", "dppo_core.cli", "train", "--preset", preset, "--output-dir", str(work), *overrides]
     print("+", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
     (output / name).mkdir(parents=True, exist_ok=True)
@@ -54,8 +57,8 @@ def summarize(output: Path) -> str:
              "sampled accuracy at T=1 (2 samples per problem), mean over levels ± standard error; "
              "train time is the sum of step times (evaluation excluded).", "",
              "| variant | overrides | steps | train time | greedy before | greedy after | sampled before | sampled after "
-             "| worked-steps share (sampled) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| worked-steps share (sampled) | tokens generated | tokens trained |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, overrides in VARIANTS.items():
         d = output / name
         if not (d / "eval.jsonl").exists():
@@ -70,7 +73,8 @@ def summarize(output: Path) -> str:
 
         lines.append(f"| {name} | `{' '.join(overrides) or '-'}` | {len(steps)} | {train_s / 60:.1f} min | "
                      f"{acc(first, 'greedy')} | {acc(last, 'greedy')} | {acc(first, 'sampled')} | "
-                     f"{acc(last, 'sampled')} | {first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} |")
+                     f"{acc(last, 'sampled')} | {first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} | "
+                     f"{sum(s['tokens_generated'] for s in steps):,} | {sum(s['tokens_trained'] for s in steps):,} |")
     lines += ["", "Per level (sampled accuracy, before → after):", "",
               "| variant | " + " | ".join(f"L{lvl}" for lvl in (2, 3, 4, 5)) + " |", "|---|---|---|---|---|"]
     for name in VARIANTS:

@@ -127,6 +127,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\n{'':>10} {'before':>8} {'after':>8}")
         for key in [k for k in final if (k.endswith("accuracy") or "_L" in k) and not k.endswith("stderr")]:
             print(f"{key:>18} {first.get(key, float('nan')):>8.3f} {final[key]:>8.3f}")
+    metrics = Path(config.output_dir) / "metrics.jsonl"
+    if metrics.exists():
+        steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        total = lambda k: sum(s.get(k) or 0 for s in steps)  # noqa: E731
+        print(f"\n{len(steps)} steps in {total('step_time') / 60:.1f} min of training; tokens generated "
+              f"{total('tokens_generated'):,}, trained {total('tokens_trained'):,}"
+              + (f"; skipped steps {total('skipped')}" if total("skipped") else ""))
     return 0
 
 

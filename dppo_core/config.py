@@ -110,6 +110,18 @@ class DPPOConfig:
     history_max_age: int | None = None
     """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never."""
 
+    # --- packing (chapter 07) ---------------------------------------------------------------------
+    packing: bool = False
+    """Train on dense rows: whole sequences back to back in rows of ``max_tokens_per_row`` tokens with a
+    block-diagonal attention mask (flash-attention varlen on GPU), instead of one padded sequence per row."""
+    max_tokens_per_row: int = 256
+    """Token budget of a packed row (a longer sequence gets a row of its own, never truncated). On CPU, a
+    few times the typical sequence length (the masked attention pays for row length squared)."""
+    packing_window: int = 16
+    """The greedy packer looks this many sequences ahead for the longest one that still fits a row."""
+    packing_rows_per_micro_batch: int = 16
+    """Packed rows per forward/backward pass (replaces ``micro_batch_size`` when ``packing`` is on)."""
+
     # --- update mode ------------------------------------------------------------------------------
     update_mode: str = "full"
     """``"full"`` fine-tuning, ``"lora"``, ``"qlora4"`` or ``"qlora8"`` (LoRA on a bitsandbytes 4/8-bit base)."""
@@ -184,6 +196,9 @@ class DPPOConfig:
         for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
             need(0 < getattr(self, name) <= 1, name,
                  "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")
+        need(self.max_tokens_per_row >= 2, "max_tokens_per_row", "a row must hold at least a prompt token and a completion token")
+        need(self.packing_window >= 1, "packing_window", "must be at least 1 (1: next fit in order)")
+        need(self.packing_rows_per_micro_batch >= 1, "packing_rows_per_micro_batch", "must be at least 1 row")
         need(self.prompt_window_factor >= 1, "prompt_window_factor", "must be at least 1")
         need(self.history_max_age is None or self.history_max_age >= 1, "history_max_age", "must be >= 1 or null")
         need(self.pruning != "none" or (self.prompt_prune_rate == 0 and self.completion_prune_rate == 0),

@@ -161,7 +161,7 @@ def sequence_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]]
             for i, s in enumerate(chunk):
                 ids[i, : len(s)] = torch.tensor(list(s))
                 mask[i, : len(s)] = 1
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # (batch, width, vocab)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits  # (batch, width, vocab)
             logp = torch.log_softmax(logits.float() / scale, dim=-1)
             # logp[:, t] predicts token t + 1
             token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()  # (batch, width-1)

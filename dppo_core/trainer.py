@@ -221,7 +221,7 @@ def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], co
         gather_pos[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
         targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
         mask[i, : len(c)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits  # (N, L, V)
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits  # (N, L, V)
     picked = logits.gather(1, gather_pos.to(device)[..., None].expand(-1, -1, logits.shape[-1]))  # (N, T, V)
     return token_logprobs(picked, targets.to(device), temperature), mask.to(device)
 
@@ -455,29 +455,61 @@ class DPPOTrainer:
             with self.model.disable_adapter():
                 yield self.model
 
+    def micro_batches(self, seqs: Sequences) -> tuple[list[list[int]], Callable, dict[str, float]]:
+        """Split the sequences into micro-batches; returns their indices, a forward ``f(model, k)`` and layout stats.
+
+        Padded (default): ``micro_batch_size`` sequences per micro-batch, sorted by length so that
+        neighbours waste little padding. Packed (``packing: true``): whole sequences back to back in rows of
+        at most ``max_tokens_per_row`` tokens (:mod:`dppo_core.packing`), ``packing_rows_per_micro_batch``
+        rows per micro-batch, with a block-diagonal attention mask. The loss is a sum over sequences with
+        a constant normaliser, so either layout gives the same loss and gradient.
+        """
+        c = self.config
+        pad = self.tokenizer.pad_token_id
+        lengths = [len(p) + len(q) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
+        # micro-batches of similar lengths waste less padding (the loss is a sum, so the order is free)
+        order = sorted(range(len(seqs)), key=lambda i: lengths[i])
+        padded = [order[i : i + c.micro_batch_size] for i in range(0, len(order), c.micro_batch_size)]
+        padded_capacity = sum(len(idx) * max(lengths[i] for i in idx) for idx in padded)
+        real = sum(lengths)
+        if not c.packing:
+            def forward(m, k):
+                idx = padded[k]
+                return completion_logprobs_with_grad(m, [seqs.prompt_ids[i] for i in idx],
+                                                     [seqs.completion_ids[i] for i in idx], c.temperature, pad)
+
+            return padded, forward, {"update_rows": len(seqs), "update_capacity": padded_capacity,
+                                     "update_density": real / max(1, padded_capacity), "padding_avoided": 0}
+        from dppo_core.packing import PackSequence, pack_micro_batches, packed_completion_logprobs
+
+        items = [PackSequence(list(p), list(q), 1.0) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
+        packed = pack_micro_batches(items, c.max_tokens_per_row, c.packing_rows_per_micro_batch,
+                                    window=c.packing_window, oversize="own_row", pad_id=pad)
+
+        def forward(m, k):
+            return packed_completion_logprobs(m, packed[k][1], c.temperature)
+
+        capacity = sum(b.capacity for _, b in packed)
+        return [idx for idx, _ in packed], forward, {
+            "update_rows": sum(b.num_rows for _, b in packed), "update_capacity": capacity,
+            "update_density": real / max(1, capacity), "padding_avoided": padded_capacity - capacity}
+
     def update(self, seqs: Sequences) -> dict[str, float]:
+        """One optimizer step per PPO epoch over ``seqs`` (micro-batches accumulate gradients)."""
         c = self.config
         model = self.model
-        pad = self.tokenizer.pad_token_id
-        # micro-batches of similar lengths waste less padding (the loss is a sum, so the order is free)
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs.prompt_ids[i]) + len(seqs.completion_ids[i]))
-        mbs = [order[i : i + c.micro_batch_size] for i in range(0, len(order), c.micro_batch_size)]
-
-        def forward(m, idx):
-            return completion_logprobs_with_grad(m, [seqs.prompt_ids[i] for i in idx],
-                                                 [seqs.completion_ids[i] for i in idx], c.temperature, pad)
-
+        mbs, forward, layout = self.micro_batches(seqs)
         old, ref = {}, {}
         with torch.no_grad():
             if c.num_iterations > 1:
                 model.eval()
-                for k, idx in enumerate(mbs):
-                    old[k] = forward(model, idx)[0]
+                for k in range(len(mbs)):
+                    old[k] = forward(model, k)[0]
             if c.beta > 0:
                 with self._reference() as ref_model:
                     ref_model.eval()
-                    for k, idx in enumerate(mbs):
-                        ref[k] = forward(ref_model, idx)[0]
+                    for k in range(len(mbs)):
+                        ref[k] = forward(ref_model, k)[0]
         model.train()
         stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
         for group in self.optimizer.param_groups:
@@ -485,7 +517,7 @@ class DPPOTrainer:
         for _epoch in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, idx in enumerate(mbs):
-                logp, mask = forward(model, idx)
+                logp, mask = forward(model, k)
                 loss, st = policy_loss(
                     logp, seqs.advantages[idx].to(logp.device), mask, old_logprobs=old.get(k), ref_logprobs=ref.get(k),
                     weights=seqs.weights[idx].to(logp.device), beta=c.beta, epsilon=c.epsilon,
@@ -500,6 +532,7 @@ class DPPOTrainer:
             norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
             stats["grad_norm"] += norm.item() / c.num_iterations
             self.optimizer.step()
+        stats.update(layout)
         return stats
 
     def train_step(self) -> dict[str, Any]:
@@ -507,7 +540,8 @@ class DPPOTrainer:
         from dppo_core.pruning import effective_sample_size
 
         c = self.config
-        zero_stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        zero_stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
+                      "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0}
         t0 = time.perf_counter()
         selection = self.select_prompts(self.step)
         t_select = time.perf_counter() - t0

@@ -287,3 +287,22 @@ def test_pruning_config_errors_say_how_to_fix(small_model_dir, tmp_path):
         _config(small_model_dir, tmp_path, pruning="dppo", min_completion_keep_prob=0.0)
     with pytest.raises(ConfigError, match="CPPO prunes completions only"):
         _config(small_model_dir, tmp_path, pruning="cppo", prompt_prune_rate=0.5)
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(beta=0.1, num_iterations=2)])
+def test_packed_updates_equal_padded_updates(small_model_dir, tmp_path, extra):
+    """Packing changes the layout, not the maths: same metrics (to float tolerance) and weights."""
+    kw = dict(max_steps=2, pruning="dppo", completion_prune_rate=0.5, **extra)
+    padded = _trainer(_config(small_model_dir, tmp_path / "padded", **kw))
+    padded.train()
+    packed = _trainer(_config(small_model_dir, tmp_path / "packed", packing=True, max_tokens_per_row=64,
+                              packing_rows_per_micro_batch=3, **kw))
+    packed.train()
+    a, b = _lines(tmp_path / "padded" / "metrics.jsonl"), _lines(tmp_path / "packed" / "metrics.jsonl")
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["tokens_trained"] == rb["tokens_trained"] and ra["sequences_trained"] == rb["sequences_trained"]
+        for key in ("loss", "grad_norm", "kl"):
+            assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), key
+        assert rb["update_density"] >= ra["update_density"] and rb["padding_avoided"] >= 0
+    for (name, x), y in zip(padded.model.state_dict().items(), packed.model.state_dict().values(), strict=True):
+        assert torch.allclose(x, y, atol=1e-5), name
