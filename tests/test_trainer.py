@@ -249,6 +249,7 @@ def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, 
     assert all(r["tokens_saved_update"] > 0 for r in rows)
     assert all(r["sequences_trained"] <= r["completions_rolled_out"] for r in rows)
     assert any(r["prompts_candidates"] > r["prompts_rolled_out"] for r in rows), rows  # history pruned some prompts
+    assert all(r["prompts_rolled_out"] == 4 for r in rows)  # dense prompts + fixed size: the generation batch stays full
     assert len(full.history) > 0
     first = _trainer(_config(small_model_dir, tmp_path / "b", **{**kw, "max_steps": 2}))
     first.prompts.rows, first.prompts.weights = full.prompts.rows, None
