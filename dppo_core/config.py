@@ -62,8 +62,9 @@ class DPPOConfig:
     epsilon_high: float | None = None
     """Upper clipping range (DAPO's clip-higher); None: same as ``epsilon``."""
     loss_type: str = "grpo"
-    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser) or ``"dapo"`` (token mean; a ratio
-    estimator, slightly biased once completions are pruned)."""
+    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser) or ``"dapo"`` (token mean over every
+    rolled-out completion: unbiased under completion pruning, a ratio estimator, slightly biased, under
+    prompt pruning, because the token count of prompts never rolled out is unknown)."""
     scale_rewards: str = "group"
     """Advantage scaling: ``"group"`` std, ``"batch"`` std, or ``"none"``."""
     num_iterations: int = 1

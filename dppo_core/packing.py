@@ -324,7 +324,8 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
 
     Same contract as :func:`dppo_core.trainer.completion_logprobs_with_grad`: returns ``(logprobs,
     mask)``, both (N, T_c) with N the sequences in input order and T_c the longest completion, float32;
-    padding entries are 0 in both. The logits at position t predict token t+1, so completion token k of
+    padding entries are 0 in both (the padded reference leaves arbitrary values under mask 0; only
+    ``logprobs * mask`` is comparable). The logits at position t predict token t+1, so completion token k of
     a sequence starting at column o with a prompt of p tokens is scored by the logits at column
     o + p - 1 + k. Only those positions go through the log-softmax (never a (R, T, V) one).
 

@@ -327,6 +327,9 @@ def _systematic(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None, fixed_size: bool = False) -> torch.Tensor:
     """Draw which items to keep: a bool tensor shaped like ``probs`` (1-D, or 2-D sampled row by row).
 
+    ``generator``: the random stream (default: torch's global one); the trainer passes
+    :func:`step_generator` so a resumed run draws the same.
+
     ``fixed_size=False``: independent Bernoulli(p) draws. ``fixed_size=True``: systematic PPS sampling
     (:func:`_systematic`) in each row, with the same inclusion probabilities but a constant count: a row
     whose probabilities sum to an integer k keeps exactly k items every time (otherwise ⌊Σp⌋ or ⌈Σp⌉).
@@ -334,8 +337,7 @@ def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None, f
     p = torch.as_tensor(probs, dtype=torch.float64)
     if ((p < 0) | (p > 1) | torch.isnan(p)).any():
         raise ValueError("keep probabilities must lie in [0, 1]")
-    if generator is None:
-        generator = torch.Generator().manual_seed(0)
+    # generator None: torch's global random stream (seed it, or pass step_generator(...) to be resumable)
     if not fixed_size:
         return torch.rand(p.shape, generator=generator, dtype=torch.float64) < p
     if p.ndim == 1:

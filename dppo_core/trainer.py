@@ -198,6 +198,16 @@ class Sequences:
     def num_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
+    @property
+    def rolled_out_tokens(self) -> int:
+        """Completion tokens of every rolled-out completion, kept or pruned: the ``dapo`` normaliser.
+
+        Dividing by the kept tokens instead would inflate a pruned loss by 1 / (kept share); with this
+        count ``dapo`` stays unbiased under completion pruning (still a ratio estimator under prompt
+        pruning, since the tokens of prompts never rolled out are unknown).
+        """
+        return self.num_tokens + self.pruned_tokens
+
 
 def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
                                   temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,7 +532,7 @@ class DPPOTrainer:
                     logp, seqs.advantages[idx].to(logp.device), mask, old_logprobs=old.get(k), ref_logprobs=ref.get(k),
                     weights=seqs.weights[idx].to(logp.device), beta=c.beta, epsilon=c.epsilon,
                     epsilon_high=c.epsilon_high, loss_type=c.loss_type, num_sequences=seqs.num_sequences,
-                    max_completion_length=c.max_completion_length, num_tokens=seqs.num_tokens)
+                    max_completion_length=c.max_completion_length, num_tokens=seqs.rolled_out_tokens)
                 loss.backward()
                 share = mask.sum().item() / max(1, seqs.num_tokens) / c.num_iterations
                 stats["loss"] += loss.item() / c.num_iterations
