@@ -149,11 +149,16 @@ def read_jsonl(path: str | Path, spec: BenchmarkSpec | None = None, source: str 
     source = source or _name_for_file(path.name) or path.stem
     spec = spec or BENCHMARKS.get(source) or BenchmarkSpec(path.name, "", "", answer_format="auto")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); save the file as "
+                                 "UTF-8") from e
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

@@ -144,6 +144,18 @@ def _first_eval(path: Path) -> dict:
     return next((x for x in lines if x.get("step") == 0), {})
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check this machine for the workshop: one [OK]/[WARN]/[FAIL] line per check; exit 1 on any FAIL."""
+    from dppo_core.doctor import exit_code, format_check, run_checks
+
+    print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}", flush=True)
+    checks = run_checks(quick=args.quick, cache_dir=args.cache_dir,
+                        on_result=lambda c: print(format_check(c), flush=True))
+    counts = {s: sum(c.status == s for c in checks) for s in ("OK", "INFO", "WARN", "FAIL")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    return exit_code(checks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dppo",
@@ -197,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("doctor", help="check this machine (Python, packages, vLLM, memory, disk, the tiny model)")
+    _add_cache_dir(p)
+    p.add_argument("--quick", action="store_true", help="skip building and running the tiny model")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -95,6 +95,9 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
     from dppo_core.tasks import load_benchmark
 
     records = load_benchmark(config.task)
+    if not records:
+        raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "
+                          "problem/answer row, or task='arithmetic'")
     rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
     return PromptSource(rows)
 
@@ -136,6 +139,20 @@ def disable_4bit_cpu_bf16_path(model: torch.nn.Module) -> int:
     return n
 
 
+def check_causal(model: torch.nn.Module, model_path: str) -> None:
+    """Refuse a model whose first position sees the second (e.g. BERT loaded as ``BertLMHeadModel``).
+
+    AutoModelForCausalLM accepts some encoders without an error; training one would be silently wrong.
+    """
+    device = next(model.parameters()).device
+    with torch.no_grad():  # one call per sequence: same shapes and kernels, so a causal model gives equal rows
+        first = [model(input_ids=torch.tensor([[1, t]], device=device), use_cache=False).logits[0, 0].float()
+                 for t in (2, 3)]
+    if (first[0] - first[1]).abs().max() > 1e-4 * torch.stack(first).abs().max() + 1e-6:
+        raise ConfigError(f"model={model_path!r} ({type(model).__name__}) is not causal: its output at a position "
+                          "depends on later tokens; pass a decoder-only causal LM (e.g. Qwen3)")
+
+
 def load_policy(config: DPPOConfig, model_path: str, device: torch.device):
     """The trainable policy for ``config.update_mode`` and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -143,7 +160,11 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device):
     from dppo_core.models import quiet_transformers
 
     with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model={model_path!r}: its tokenizer or config could not be loaded ({exc}); pass "
+                              "a directory written by save_pretrained, a Hub id, or 'tiny'") from exc
         tokenizer.padding_side = "left"
         kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16}
         if config.update_mode in ("qlora4", "qlora8"):
@@ -159,9 +180,11 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device):
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {exc}") from exc
+            raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {str(exc).splitlines()[0]}; pass a "
+                              "decoder-only model (e.g. Qwen3) saved with save_pretrained, or 'tiny'") from exc
     if "quantization_config" not in kwargs:
         model.to(device)
+        check_causal(model, model_path)
     if config.update_mode == "full":
         return model, tokenizer
     from peft import LoraConfig, get_peft_model
@@ -394,7 +417,12 @@ class DPPOTrainer:
         total = torch.zeros(len(completions))
         self._reward_means = {}
         for fn in self.reward_funcs:
-            scores = fn(prompts=prompts, completions=completions, **columns)
+            try:
+                scores = fn(prompts=prompts, completions=completions, **columns)
+            except Exception as exc:
+                raise ValueError(f"reward function {getattr(fn, '__name__', fn)!r} raised {type(exc).__name__}: "
+                                 f"{exc}; it is called as fn(prompts, completions, **columns) with columns "
+                                 f"{sorted(columns)}, and must return one float per completion") from exc
             if len(scores) != len(completions):
                 raise ValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned {len(scores)} "
                                  f"scores for {len(completions)} completions")
@@ -677,6 +705,14 @@ class DPPOTrainer:
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"checkpoint {path} is incomplete or corrupt ({exc}); delete it to resume from "
                               "the one before, or start without --resume") from exc
+        history = None  # parsed before any state is loaded, so a corrupt file leaves the trainer as it was
+        history_file = path / "prompt_history.json"
+        if history_file.is_file():
+            try:
+                history = PromptHistory.from_state_dict(json.loads(history_file.read_text()))
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint {path}: prompt_history.json is corrupt ({exc}); delete the "
+                                  "checkpoint to resume from the one before") from exc
         from safetensors.torch import load_file
 
         weights = {}
@@ -696,13 +732,8 @@ class DPPOTrainer:
 
             set_peft_model_state_dict(self.model, weights)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        history_file = path / "prompt_history.json"
-        if history_file.is_file():
-            try:
-                self.history = PromptHistory.from_state_dict(json.loads(history_file.read_text()))
-            except ValueError as exc:
-                raise ConfigError(f"checkpoint {path}: prompt_history.json is corrupt ({exc}); delete the "
-                                  "checkpoint to resume from the one before") from exc
+        if history is not None:
+            self.history = history
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         self.step = step
 

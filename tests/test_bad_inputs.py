@@ -1,0 +1,350 @@
+"""The bad-input catalogue (docs/bad_inputs.md): one test per row.
+
+Each bad input gives a clear error that names the input and the fix, or a documented behaviour; never a
+deep library traceback and never a silently wrong update. Keep the table in docs/bad_inputs.md in step
+with this file (tests/test_bad_inputs.py::test_the_table_lists_every_test checks the names).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.models import TinyModelConfig, build_tiny_model
+from dppo_core.rollout import Completion, HFRollout, RolloutBatch, RolloutGroup, make_rollout_engine
+from dppo_core.tasks import load_benchmark
+from dppo_core.trainer import DPPOTrainer, PromptSource, build_prompt_source
+
+SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_inputs.md"
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(cache_dir):
+    return build_tiny_model(SMALL, cache_dir)
+
+
+def _config(model_dir, out, **kw):
+    base = dict(model=str(model_dir), output_dir=str(out), prompts_per_step=4, num_generations=4,
+                max_completion_length=12, max_steps=1, save_steps=1, eval_problems_per_level=4,
+                eval_samples=1, train_levels=(2, 3), learning_rate=1e-3)
+    base.update(kw)
+    return DPPOConfig(**base)
+
+
+def parity_reward(prompts, completions, **columns):
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def _trainer(config, **kw):
+    kw.setdefault("reward_funcs", [parity_reward])
+    return DPPOTrainer(config, progress=False, **kw)
+
+
+def _weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(before, model):
+    return all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _write(path: Path, lines: list[str | bytes]) -> Path:
+    path.write_bytes(b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def test_empty_dataset(tmp_path):
+    empty = _write(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ConfigError, match=r"task='.*empty.jsonl' has no rows; give a jsonl file"):
+        build_prompt_source(DPPOConfig(task=str(empty)))
+    with pytest.raises(ConfigError, match="the training dataset is empty"):
+        PromptSource([])
+
+
+def test_jsonl_malformed_line(tmp_path):
+    p = _write(tmp_path / "mine.jsonl", ['{"problem": "1+1", "answer": "2"}', '{"problem": "2+2", "answer": '])
+    with pytest.raises(ValueError, match=r"mine.jsonl:2: not valid JSON .*each line must be one JSON object"):
+        load_benchmark(p)
+
+
+def test_jsonl_missing_field(tmp_path):
+    p = _write(tmp_path / "mine.jsonl", ['{"problem": "1+1"}'])
+    with pytest.raises(ValueError, match=r"mine.jsonl:1: missing field 'answer'.*needs a problem and an answer"):
+        load_benchmark(p)
+
+
+def test_jsonl_non_utf8_bytes(tmp_path):
+    p = _write(tmp_path / "mine.jsonl", ['{"problem": "1+1", "answer": "2"}', b'{"problem": "\xff\xfe", "answer": "3"}'])
+    with pytest.raises(ValueError, match=r"mine.jsonl:2: not valid UTF-8 .*save the file as UTF-8"):
+        load_benchmark(p)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts, rewards, completions
+# --------------------------------------------------------------------------------------------------
+
+
+def test_prompt_longer_than_model_context(small_model_dir, tmp_path):
+    long_row = {"id": "too-long", "prompt": [{"role": "user", "content": "1+" * 400 + "1"}], "answer": "401"}
+    trainer = _trainer(_config(small_model_dir, tmp_path), prompt_source=PromptSource([long_row]))
+    with pytest.raises(ConfigError, match=r"prompt 'too-long' has \d+ tokens, more than the model's context .*"
+                                          "shorten or drop it, or lower max_completion_length"):
+        trainer.rollout(0, [long_row])
+    with pytest.raises(ConfigError, match=r"max_completion_length=600: the model's context is \d+ tokens.*lower it"):
+        _trainer(_config(small_model_dir, tmp_path, max_completion_length=600))
+
+
+@pytest.fixture(scope="module")
+def reward_trainer(small_model_dir, tmp_path_factory):
+    trainer = _trainer(_config(small_model_dir, tmp_path_factory.mktemp("rewards")))
+    trainer.engine = trainer._make_engine()
+    return trainer
+
+
+def _step_fails_without_update(trainer, reward, match):
+    trainer.reward_funcs = [reward]
+    before, step = _weights(trainer.model), trainer.step
+    with pytest.raises(ValueError, match=match):
+        trainer.train_step()
+    assert _unchanged(before, trainer.model) and trainer.step == step
+
+
+def test_reward_function_raises(reward_trainer):
+    def needs_a_column(prompts, completions, solution, **columns):
+        return [0.0] * len(completions)
+
+    _step_fails_without_update(reward_trainer, needs_a_column,
+                               r"reward function 'needs_a_column' raised TypeError: .*'solution'.*"
+                               r"with columns \['answer', 'id', 'level'\]")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None])
+def test_reward_function_returns_nan_or_inf(reward_trainer, bad):
+    def nan_reward(prompts, completions, **columns):
+        return [1.0] * (len(completions) - 1) + [bad]
+
+    _step_fails_without_update(reward_trainer, nan_reward,
+                               "reward function 'nan_reward' returned a NaN or infinite score; return a finite float")
+
+
+def test_reward_function_returns_wrong_length(reward_trainer):
+    def short_reward(prompts, completions, **columns):
+        return [1.0] * (len(completions) - 1)
+
+    _step_fails_without_update(reward_trainer, short_reward,
+                               r"reward function 'short_reward' returned 15 scores for 16 completions")
+
+
+def test_every_prompt_pruned_in_a_step(small_model_dir, tmp_path):
+    from dppo_core.pruning import PromptHistory
+
+    trainer = _trainer(_config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.99))
+    ids = [str(r["id"]) for r in trainer.prompts.rows]
+    trainer.history = PromptHistory()
+    trainer.history.update(ids, torch.zeros(len(ids), 2), torch.zeros(len(ids), 2), step=0)  # all degenerate
+    before = _weights(trainer.model)
+    record = trainer.train_step()  # 4 prompts, each kept with probability 0.01: all pruned for this seed
+    assert record["skipped"] == 1 and record["prompts_rolled_out"] == 0 and record["tokens_trained"] == 0
+    assert record["reward_mean"] is None and record["grad_norm"] == 0.0
+    assert _unchanged(before, trainer.model) and trainer.step == 1
+
+
+class _EmptyEngine:
+    """A rollout engine whose every completion has zero tokens."""
+
+    def generate(self, prompts, n, sampling):
+        return RolloutBatch([RolloutGroup(p, [1, 2, 3], [Completion([], "", [], "stop") for _ in range(n)])
+                             for p in prompts])
+
+    def sync(self, model):
+        pass
+
+
+def test_empty_completion(small_model_dir, tmp_path):
+    trainer = _trainer(_config(small_model_dir, tmp_path))
+    # one empty completion among others: left out of the update, the normaliser stays the full P*G
+    batch = RolloutBatch([RolloutGroup("q", [1, 2], [Completion([], "", [], "stop"),
+                                                     Completion([5, 6], "ab", [-1.0, -1.0], "stop")])])
+    seqs = trainer.build_sequences(batch, torch.tensor([[1.0, -1.0]]))
+    assert seqs.completion_ids == [[5, 6]] and seqs.num_sequences == 2 and seqs.origin == [(0, 1)]
+    # a step whose completions are all empty: zero loss, no optimizer step, counted
+    trainer.engine = _EmptyEngine()
+    before = _weights(trainer.model)
+    record = trainer.train_step()
+    assert record["sequences_trained"] == 0 and record["tokens_trained"] == 0 and record["loss"] == 0.0
+    assert _unchanged(before, trainer.model) and trainer.step == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------
+
+
+def test_invalid_config_value(tmp_path):
+    with pytest.raises(ConfigError, match="num_generations=1: group advantages need at least 2 .* use 4-16"):
+        DPPOConfig(num_generations=1)
+    f = tmp_path / "run.yaml"
+    f.write_text("learning_rate: -1.0\n")
+    with pytest.raises(ConfigError, match="learning_rate=-1.0: must be positive"):
+        DPPOConfig.from_yaml(f)
+
+
+def test_unknown_yaml_key(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("learning_rte: 1.0e-4\nnum_generations: 4\n")
+    with pytest.raises(ConfigError, match=r"run.yaml: unknown key\(s\) 'learning_rte' \(did you mean 'learning_rate'\?\)"):
+        DPPOConfig.from_yaml(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------
+
+
+def test_model_path_does_not_exist(tmp_path):
+    with pytest.raises(ConfigError, match=r"model='./no/such/model' does not exist; pass a model directory"):
+        _trainer(_config("./no/such/model", tmp_path))
+    (tmp_path / "empty-dir").mkdir()
+    with pytest.raises(ConfigError, match="is a directory without config.json; pass the directory that save_pretrained"):
+        _trainer(_config(tmp_path / "empty-dir", tmp_path))
+
+
+def _copy_tokenizer(small_model_dir, dest: Path) -> Path:
+    dest.mkdir()
+    for f in Path(small_model_dir).iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(".safetensors"):
+            shutil.copy(f, dest / f.name)
+    return dest
+
+
+def test_model_is_not_a_causal_lm(small_model_dir, tmp_path):
+    from transformers import BertConfig, BertLMHeadModel, T5Config
+
+    # BERT loads through AutoModelForCausalLM (BertLMHeadModel) without an error, but attends both ways
+    bert = _copy_tokenizer(small_model_dir, tmp_path / "bert")
+    BertLMHeadModel(BertConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(bert)
+    with pytest.raises(ConfigError, match=r"model='.*bert' \(BertLMHeadModel\) is not causal.*pass a decoder-only"):
+        _trainer(_config(bert, tmp_path))
+    # an encoder-decoder config is refused by the loader
+    t5 = _copy_tokenizer(small_model_dir, tmp_path / "t5")
+    T5Config(vocab_size=600, d_model=32, d_ff=64, num_layers=1, num_heads=2).to_json_file(t5 / "config.json")
+    with pytest.raises(ConfigError, match=r"model='.*t5' could not be loaded as a causal LM: .*pass a decoder-only"):
+        _trainer(_config(t5, tmp_path))
+
+
+def test_model_config_is_garbage(small_model_dir, tmp_path):
+    bad = _copy_tokenizer(small_model_dir, tmp_path / "garbage")
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"model='.*garbage': its tokenizer or config could not be loaded .*"
+                                          "pass a directory written by save_pretrained"):
+        _trainer(_config(bad, tmp_path))
+    (bad / "config.json").write_text('{"hello": 1}')
+    with pytest.raises(ConfigError, match=r"model='.*garbage'.* could not be loaded .*model_type"):
+        _trainer(_config(bad, tmp_path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints: a run of one step writes checkpoint-1; each test damages a copy of it and resumes
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(small_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _trainer(_config(small_model_dir, out, eval_levels=(2,))).train()
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()
+    return out
+
+
+def _resume_damaged(finished_run, small_model_dir, tmp_path, damage, match):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    damage(out / "checkpoint-1")
+    trainer = _trainer(_config(small_model_dir, out, max_steps=2, eval_levels=(2,)))
+    before = _weights(trainer.model)
+    with pytest.raises(ConfigError, match=match):
+        trainer.train(resume=True)
+    assert trainer.step == 0 and _unchanged(before, trainer.model)
+
+
+def test_checkpoint_truncated_trainer_state(finished_run, small_model_dir, tmp_path):
+    def truncate(ckpt):
+        f = ckpt / "trainer_state.json"
+        f.write_text(f.read_text()[:40])
+
+    _resume_damaged(finished_run, small_model_dir, tmp_path, truncate,
+                    r"checkpoint .*checkpoint-1 is incomplete or corrupt .*delete it to resume from the one before")
+
+
+def test_checkpoint_without_weights(finished_run, small_model_dir, tmp_path):
+    def drop_weights(ckpt):
+        for f in (ckpt / "model").glob("*.safetensors"):
+            f.unlink()
+
+    _resume_damaged(finished_run, small_model_dir, tmp_path, drop_weights,
+                    r"checkpoint .*checkpoint-1 has no model weights \(\*.safetensors\); delete it")
+
+
+@pytest.mark.parametrize("text", ['{"records": {"a": {"bogus": 1}}}', '{"records": {"a": {"st'])
+def test_checkpoint_corrupt_prompt_history(finished_run, small_model_dir, tmp_path, text):
+    def corrupt(ckpt):
+        (ckpt / "prompt_history.json").write_text(text)
+
+    _resume_damaged(finished_run, small_model_dir, tmp_path, corrupt,
+                    r"checkpoint-1: prompt_history.json is corrupt .*delete the checkpoint to resume from the one before")
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_model(small_model_dir):
+    from dppo_core.models import load_model
+
+    return load_model(small_model_dir)
+
+
+def test_vllm_required_but_cannot_start(small_model, tmp_path):
+    model, tok = small_model
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(RuntimeError, match=r"vLLM was required \(require=True\) but could not start: "
+                                           r"FileNotFoundError: model_path '.*no-such-model' is not a directory"):
+        make_rollout_engine("vllm", model=model, tokenizer=tok, model_path=missing, require=True)
+
+
+def test_vllm_auto_falls_back_to_transformers(small_model, tmp_path):
+    model, tok = small_model
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        engine = make_rollout_engine("auto", model=model, tokenizer=tok, model_path=tmp_path / "no-such-model")
+    assert isinstance(engine, HFRollout)
+    messages = [str(w.message) for w in record if w.category is RuntimeWarning]
+    assert len(messages) == 1 and re.match(r"vLLM could not start \(FileNotFoundError: .*no-such-model.*\); "
+                                           "falling back to transformers", messages[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_table_lists_every_test():
+    rows = re.findall(r"^\|.*\| `(test_\w+)` \|$", DOC.read_text(), flags=re.MULTILINE)  # the last column
+    tests = [name for name in globals() if name.startswith("test_") and name != "test_the_table_lists_every_test"]
+    assert sorted(rows) == sorted(tests)
