@@ -204,6 +204,7 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes(small_model_di
         if metrics.get("step") == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
+    handler_before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a background job
     trainer = _trainer(_config(small_model_dir, tmp_path, max_steps=3, save_steps=0))
     trainer.callbacks.append(press_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
@@ -212,7 +213,7 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes(small_model_di
     resumed = _trainer(_config(small_model_dir, tmp_path, max_steps=3, save_steps=0))
     resumed.train(resume=True)
     assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the trainer puts the previous handler back
 
 
 def _metrics_without_times(path):
