@@ -13,6 +13,9 @@ Learning curves over seeds (full fine-tuning, transformers engine, evaluation ev
 levels, so forgetting of the untrained level 1 shows):
 
     .venv/bin/python benchmarks/grpo_tiny.py --curves 0 1 2 --output benchmarks/results/tiny-grpo
+
+``--curves-name NAME --set KEY=VALUE ...`` puts curves with extra overrides in OUTPUT/NAME, e.g. the
+preset's KL term: ``--curves 0 1 2 --curves-name curves-kl-0.04 --set beta=0.04``.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ def summarize(output: Path) -> str:
              "(each variant is `dppo train --preset tiny-grpo` plus the overrides shown).", "",
              "Held-out problems of the trained levels (2-5; 200 per level, level 2 has 148): greedy accuracy and "
              "sampled accuracy at T=1 (2 samples per problem), mean over levels ± standard error; "
-             "train time is the sum of step times (evaluation excluded).", "",
+             "train time is the sum of step times (evaluation excluded). These runs were made with the presets "
+             "before they gained the KL term (beta 0; each run's config.json holds its exact settings); the "
+             "preset's current setting is in curves-kl-0.04.", "",
              "| variant | overrides | steps | train time | greedy before | greedy after | sampled before | sampled after "
              "| worked-steps share (sampled) | tokens generated | tokens trained |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
