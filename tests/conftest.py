@@ -45,6 +45,16 @@ def tiny_model_dir(cache_dir) -> Path:
     return build_tiny_model(cache_dir=cache_dir)
 
 
+@pytest.fixture(scope="session")
+def small_model_dir(cache_dir) -> Path:
+    """A smaller model than the default (built in ~1 s, cached), so a training step takes well under a second."""
+    from dppo_core.models import TinyModelConfig, build_tiny_model
+
+    small = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    return build_tiny_model(small, cache_dir)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

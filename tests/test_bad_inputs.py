@@ -16,19 +16,12 @@ import pytest
 import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
-from dppo_core.models import TinyModelConfig, build_tiny_model
 from dppo_core.rollout import Completion, HFRollout, RolloutBatch, RolloutGroup, make_rollout_engine
 from dppo_core.tasks import load_benchmark
 from dppo_core.trainer import DPPOTrainer, PromptSource, build_prompt_source
 
-SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_inputs.md"
 
-
-@pytest.fixture(scope="module")
-def small_model_dir(cache_dir):
-    return build_tiny_model(SMALL, cache_dir)
 
 
 def _config(model_dir, out, **kw):

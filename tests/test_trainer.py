@@ -6,18 +6,9 @@ import pytest
 import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
-from dppo_core.models import TinyModelConfig, build_tiny_model, load_model
+from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.trainer import DPPOTrainer, completion_logprobs_with_grad
-
-# A smaller model than the default, so a training step takes well under a second on 2 cores:
-SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(cache_dir):
-    return build_tiny_model(SMALL, cache_dir)
 
 
 def _config(model_dir, out, **kw):
