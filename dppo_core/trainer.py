@@ -78,7 +78,6 @@ class PromptSelection:
     rows: list[dict[str, Any]]  # the kept prompts, sent to the rollout engine
     probs: torch.Tensor  # (len(rows),) pi_q of each kept prompt
     window: int  # |B|: the number of candidate prompts the step's objective is over
-    window_probs: torch.Tensor  # (window,) pi of every candidate
     indices: list[int]  # position of each kept prompt in the window
 
 
@@ -365,7 +364,7 @@ class DPPOTrainer:
         if c.pruning not in ("dppo", "greso") or c.prompt_prune_rate == 0:
             rows = stream[:k]
             ones = torch.ones(k, dtype=torch.float64)
-            return PromptSelection(rows, ones, k, ones, list(range(k)))
+            return PromptSelection(rows, ones, k, list(range(k)))
         ids = [prompt_key(r) for r in stream]
 
         def probs_for(ids_, budget=None):
@@ -384,7 +383,7 @@ class DPPOTrainer:
             probs = probs_for(ids[:window], budget=k if c.pruning == "dppo" else None)
         keep = pruning.sample_keep(probs, pruning.step_generator(c.seed, step, "prompts"), c.fixed_size_sampling)
         kept = keep.nonzero().flatten().tolist()
-        return PromptSelection([stream[i] for i in kept], probs[kept], window, probs, kept)
+        return PromptSelection([stream[i] for i in kept], probs[kept], window, kept)
 
     def rollout(self, step: int, rows: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], RolloutBatch]:
         """Sample ``num_generations`` completions for each prompt of ``rows`` (default: the step's selection)."""
