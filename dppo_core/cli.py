@@ -119,7 +119,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     trainer = DPPOTrainer(config)
-    print(f"model: {trainer.model_path} ({config.update_mode}), output: {config.output_dir}")
+    if not trainer.dist.is_main:  # data parallel (torchrun): rank 0 reports for the job
+        trainer.train(resume=args.resume)
+        return 0
+    ranks = f", {trainer.dist.world_size} data-parallel ranks" if trainer.dist.enabled else ""
+    print(f"model: {trainer.model_path} ({config.update_mode}), output: {config.output_dir}{ranks}")
     result = trainer.train(resume=args.resume)
     first = _first_eval(Path(config.output_dir) / "eval.jsonl")
     final = result["eval"]
@@ -228,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    finally:
+        if "dppo_core.distributed" in sys.modules:  # a data-parallel run leaves its process group
+            sys.modules["dppo_core.distributed"].shutdown()
 
 
 if __name__ == "__main__":

@@ -35,9 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.distributed import (
+    all_gather_objects,
+    all_reduce_gradients,
+    all_reduce_max,
+    barrier,
+    broadcast_parameters,
+    init_distributed,
+    shard,
+)
 from dppo_core.grpo import group_advantages, policy_loss, token_logprobs
 from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import RolloutBatch, SamplingConfig
@@ -212,6 +222,9 @@ class Sequences:
     num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
     pruned_tokens: int = 0  # completion tokens rolled out but not trained on
     origin: list[tuple[int, int]] | None = None  # (group, completion) in the rollout batch of each sequence
+    # data parallel: this rank holds a share of the step's sequences; these are the whole step's totals
+    total_tokens: int | None = None
+    total_rolled_out_tokens: int | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -229,6 +242,14 @@ class Sequences:
         pruning, since the tokens of prompts never rolled out are unknown).
         """
         return self.num_tokens + self.pruned_tokens
+
+    @property
+    def global_num_tokens(self) -> int:
+        return self.num_tokens if self.total_tokens is None else self.total_tokens
+
+    @property
+    def global_rolled_out_tokens(self) -> int:
+        return self.rolled_out_tokens if self.total_rolled_out_tokens is None else self.total_rolled_out_tokens
 
 
 def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -283,12 +304,16 @@ class DPPOTrainer:
         self.config = config
         self.reward_funcs = list(reward_funcs) if reward_funcs else [accuracy_reward]
         self.callbacks = list(callbacks)
-        self.progress = progress
         self.output_dir = Path(config.output_dir)
         if config.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see dppo_core.distributed
+        self.dist = init_distributed(config.device)
+        self.progress = progress and self.dist.is_main
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if config.device == "auto" else config.device))
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
         torch.manual_seed(config.seed)
         self.model_path = resolve_model_path(config)
         self.model, self.tokenizer = load_policy(config, self.model_path, self.device)
@@ -305,6 +330,7 @@ class DPPOTrainer:
             self.ref_model, _ = load_model(self.model_path, device=self.device)
             self.ref_model.requires_grad_(False).eval()
         params = [p for p in self.model.parameters() if p.requires_grad]
+        broadcast_parameters(params, self.dist)  # every rank starts from rank 0's trainable weights
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.99),
                                            weight_decay=config.weight_decay)
         self.step = 0
@@ -331,12 +357,18 @@ class DPPOTrainer:
                                    require=kind == "vllm", seed=self.config.seed)
 
     def _emit(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
+        if not self.dist.is_main:  # data parallel: rank 0 logs for the job
+            return
+        # one write of one whole line, handed to the OS at once (the file is closed, hence flushed, per
+        # record): a crash loses at most the line being written, and a cut-off last line is dropped on resume
         with open(self.output_dir / filename, "a") as f:
             f.write(json.dumps(record) + "\n")
+            f.flush()
         if self._tb is not None:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(("eval/" if filename != "metrics.jsonl" else "train/") + k, v, record["step"])
+                    self._tb.add_scalar(("eval/" if filename != "metrics.jsonl" else "train/") + k, v,
+                                        record.get("step", self.step))
         for cb in self.callbacks:
             cb(record)
 
@@ -403,8 +435,11 @@ class DPPOTrainer:
                     raise ConfigError(f"prompt {r.get('id')!r} has {n} tokens, more than the model's context "
                                       f"({self.context_length}) minus max_completion_length "
                                       f"({c.max_completion_length}); shorten or drop it, or lower max_completion_length")
+        seed = (c.seed * 1_000_003 + step) % (2**31)
+        if self.dist.rank:  # each rank samples its own prompts from its own stream
+            seed = int(np.random.SeedSequence([seed, self.dist.rank]).generate_state(1)[0]) >> 1
         sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
-                                  seed=(c.seed * 1_000_003 + step) % (2**31))
+                                  seed=seed)
         return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
 
     def score(self, rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
@@ -434,7 +469,8 @@ class DPPOTrainer:
         return total.view(len(rows), g)
 
     def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor,
-                        selection: PromptSelection | None = None, step: int | None = None) -> Sequences:
+                        selection: PromptSelection | None = None, step: int | None = None,
+                        group_offset: int = 0) -> Sequences:
         """The completions to train on, with their weights and the loss normaliser (completion pruning).
 
         ``none``: every completion, weight 1, normaliser P*G. ``dppo``: completion (q, i) is kept with
@@ -443,6 +479,9 @@ class DPPOTrainer:
         full-batch GRPO loss. ``cppo``: the top-k by |A| per group, weight 1, normalised by the number
         kept (biased). ``greso``: every completion of the kept prompts, weight 1 (biased).
         Completions without tokens have a zero loss and are skipped.
+
+        Data parallel: ``advantages`` (and ``selection``) cover the whole step, so the keep draws are those
+        of a single process; ``batch`` holds this rank's groups, rows ``group_offset ...`` of ``advantages``.
         """
         from dppo_core import pruning
 
@@ -470,7 +509,7 @@ class DPPOTrainer:
             num_sequences = int(keep.sum())
         prompt_ids, completion_ids, adv, w, origin = [], [], [], [], []
         pruned_tokens = 0
-        for gi, grp in enumerate(batch.groups):
+        for gi, grp in enumerate(batch.groups, start=group_offset):
             for ci, comp in enumerate(grp.completions):
                 if not keep[gi, ci] or not comp.token_ids:
                     pruned_tokens += len(comp.token_ids)
@@ -532,10 +571,16 @@ class DPPOTrainer:
             "update_density": real / max(1, capacity), "padding_avoided": padded_capacity - capacity}
 
     def update(self, seqs: Sequences) -> dict[str, float]:
-        """One optimizer step per PPO epoch over ``seqs`` (micro-batches accumulate gradients)."""
+        """One optimizer step per PPO epoch over ``seqs`` (micro-batches accumulate gradients).
+
+        Data parallel: each rank backpropagates its share (possibly none) with the step's global
+        normalisers, the gradients are summed over ranks before clipping, and the stats are the job's.
+        """
         c = self.config
         model = self.model
+        t_pack = time.perf_counter()
         mbs, forward, layout = self.micro_batches(seqs)
+        layout["time_pack"] = time.perf_counter() - t_pack  # micro-batch layout (padding or packing)
         old, ref = {}, {}
         with torch.no_grad():
             if c.num_iterations > 1:
@@ -559,17 +604,24 @@ class DPPOTrainer:
                     logp, seqs.advantages[idx].to(logp.device), mask, old_logprobs=old.get(k), ref_logprobs=ref.get(k),
                     weights=seqs.weights[idx].to(logp.device), beta=c.beta, epsilon=c.epsilon,
                     epsilon_high=c.epsilon_high, loss_type=c.loss_type, num_sequences=seqs.num_sequences,
-                    max_completion_length=c.max_completion_length, num_tokens=seqs.rolled_out_tokens)
+                    max_completion_length=c.max_completion_length, num_tokens=seqs.global_rolled_out_tokens)
                 loss.backward()
-                share = mask.sum().item() / max(1, seqs.num_tokens) / c.num_iterations
+                share = mask.sum().item() / max(1, seqs.global_num_tokens) / c.num_iterations
                 stats["loss"] += loss.item() / c.num_iterations
                 stats["clip_fraction"] += st["clip_fraction"].item() * share
                 stats["kl"] += st["kl"].item() * share
             params = [p for p in model.parameters() if p.requires_grad]
+            all_reduce_gradients(params, self.dist)
             norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
             stats["grad_norm"] += norm.item() / c.num_iterations
             self.optimizer.step()
         stats.update(layout)
+        if self.dist.enabled:  # the job's totals: sums over ranks (grad_norm is the same on every rank)
+            ranks = all_gather_objects(stats, self.dist)
+            summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows",
+                                                             "update_capacity", "padding_avoided")}
+            real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
+            stats.update(summed, update_density=real / max(1, summed["update_capacity"]))
         return stats
 
     def train_step(self) -> dict[str, Any]:
@@ -578,7 +630,7 @@ class DPPOTrainer:
 
         c = self.config
         zero_stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
-                      "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0}
+                      "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
         t0 = time.perf_counter()
         selection = self.select_prompts(self.step)
         t_select = time.perf_counter() - t0
@@ -592,43 +644,67 @@ class DPPOTrainer:
                           step_time=time.perf_counter() - t0)
             return record
         t1 = time.perf_counter()
-        rows, batch = self.rollout(self.step, selection.rows)
+        # data parallel: this rank rolls out and scores its contiguous share of the kept prompts (all of
+        # them in a single process) and owns those groups
+        mine = shard(len(selection.rows), self.dist)
+        if len(mine):
+            rows, batch = self.rollout(self.step, selection.rows[mine.start : mine.stop])
+        else:
+            rows, batch = [], RolloutBatch([])
         t2 = time.perf_counter()
-        rewards = self.score(rows, batch)
-        adv = group_advantages(rewards, c.scale_rewards)
-        self.history.update([prompt_key(r) for r in rows], rewards, adv, self.step)
+        rewards = self.score(rows, batch) if rows else torch.zeros(0, c.num_generations)
+        lengths = [c_.length for g in batch.groups for c_ in g.completions]
+        reward_means = dict(self._reward_means) if rows else {}
+        if self.dist.enabled:  # every rank gets every group's rewards (cheap), in global order
+            ranks = all_gather_objects((rewards, lengths, reward_means, len(rows)), self.dist)
+            rewards = torch.cat([r[0] for r in ranks])
+            lengths = [n for r in ranks for n in r[1]]
+            reward_means = {k: sum(r[2].get(k, 0.0) * r[3] for r in ranks) / len(selection.rows)
+                            for k in ranks[0][2]}
+        adv = group_advantages(rewards, c.scale_rewards)  # per group (one process's numbers on every rank)
+        self.history.update([prompt_key(r) for r in selection.rows], rewards, adv, self.step)
         t3 = time.perf_counter()
-        seqs = self.build_sequences(batch, adv, selection)
+        seqs = self.build_sequences(batch, adv, selection, group_offset=mine.start)
+        weights = seqs.weights
+        if self.dist.enabled:
+            ranks = all_gather_objects((seqs.num_tokens, seqs.rolled_out_tokens, seqs.pruned_tokens,
+                                        seqs.weights), self.dist)
+            seqs.total_tokens = sum(r[0] for r in ranks)
+            seqs.total_rolled_out_tokens = sum(r[1] for r in ranks)
+            pruned_tokens = sum(r[2] for r in ranks)
+            weights = torch.cat([r[3] for r in ranks])
+        else:
+            pruned_tokens = seqs.pruned_tokens
         t4 = time.perf_counter()
-        stats = self.update(seqs) if len(seqs) else zero_stats
+        # every rank takes part in the update if any rank has something to train (the gradient all-reduce)
+        stats = self.update(seqs) if len(weights) else zero_stats
         t5 = time.perf_counter()
         self.engine.sync(self.model)
         t6 = time.perf_counter()
         self.step += 1
-        lengths = [c_.length for g in batch.groups for c_ in g.completions]
         mean_len = sum(lengths) / len(lengths)
         zero_std = (rewards.std(dim=1) == 0).float().mean().item()
         record.update({
             "step": self.step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item(),
-            **self._reward_means,
+            **reward_means,
             "zero_std_groups": zero_std,
             "completion_length": mean_len,
             "completion_length_max": max(lengths),
             **stats,
             "lr": self._lr(self.step - 1),
-            "tokens_generated": batch.num_generated_tokens,
-            "tokens_trained": seqs.num_tokens,
-            "sequences_trained": len(seqs),
-            "completions_rolled_out": batch.num_completions,
+            "tokens_generated": sum(lengths),
+            "tokens_trained": seqs.global_num_tokens,
+            "sequences_trained": len(weights),
+            "completions_rolled_out": len(lengths),
             # rollout tokens saved is an estimate (pruned prompts were never generated): this step's mean length
-            "tokens_saved_rollout_est": round((selection.window - len(rows)) * c.num_generations * mean_len),
-            "tokens_saved_update": seqs.pruned_tokens,
-            "weight_ess": effective_sample_size(seqs.weights) if len(seqs) else 0.0,
-            "weight_max": float(seqs.weights.max()) if len(seqs) else 0.0,
+            "tokens_saved_rollout_est": round((selection.window - len(selection.rows)) * c.num_generations * mean_len),
+            "tokens_saved_update": pruned_tokens,
+            "weight_ess": effective_sample_size(weights) if len(weights) else 0.0,
+            "weight_max": float(weights.max()) if len(weights) else 0.0,
             "time_prune": t_select + (t4 - t3), "time_rollout": t2 - t1, "time_reward": t3 - t2,
-            "time_update": t5 - t4, "time_sync": t6 - t5, "step_time": t6 - t0,
+            "time_update": t5 - t4 - stats["time_pack"], "time_sync": t6 - t5, "step_time": t6 - t0,
         })
         return record
 
@@ -676,7 +752,10 @@ class DPPOTrainer:
         target = self.output_dir / f"{CHECKPOINT_PREFIX}{self.step}"
         if target.exists():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-checkpoint-", dir=self.output_dir))
+        # temp dirs of a run killed while writing or deleting a checkpoint: never checkpoints, remove them
+        for stale in self.output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{CHECKPOINT_PREFIX}", dir=self.output_dir))
         try:
             from dppo_core.models import quiet_transformers
 
@@ -693,7 +772,12 @@ class DPPOTrainer:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         for old in self.checkpoints()[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            # moved out of sight first (one atomic rename), then deleted: a crash during the deletion leaves
+            # a temp dir, never a half-deleted checkpoint-N that --resume could pick
+            trash = Path(tempfile.mkdtemp(prefix=f".tmp-{CHECKPOINT_PREFIX}", dir=self.output_dir))
+            with contextlib.suppress(OSError):
+                os.rename(old, trash / old.name)
+            shutil.rmtree(trash, ignore_errors=True)
         return target
 
     def load_checkpoint(self, path: Path) -> None:
@@ -735,6 +819,9 @@ class DPPOTrainer:
             self.history = history
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         self.step = step
+        if self.dist.is_main:  # a run killed while writing or deleting a checkpoint left these: not checkpoints
+            for stale in self.output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+                shutil.rmtree(stale, ignore_errors=True)
 
     def _truncate_logs(self) -> None:
         """Drop log lines of steps after the resumed checkpoint (they will be run again)."""
@@ -779,15 +866,21 @@ class DPPOTrainer:
         from tqdm.auto import tqdm
 
         c = self.config
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        main = self.dist.is_main  # data parallel: rank 0 writes every file; all ranks load a checkpoint
+        if main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        barrier(self.dist)
         if resume and self.checkpoints():
             self.load_checkpoint(self.checkpoints()[-1])
-            self._truncate_logs()
-        else:
+            if main:
+                self._truncate_logs()
+        elif main:
             for name in ("metrics.jsonl", "eval.jsonl"):
                 (self.output_dir / name).unlink(missing_ok=True)
-        (self.output_dir / "config.json").write_text(c.to_json())
-        if c.tensorboard:
+        barrier(self.dist)
+        if main:
+            (self.output_dir / "config.json").write_text(c.to_json())
+        if c.tensorboard and main:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
@@ -795,7 +888,7 @@ class DPPOTrainer:
             self.engine = self._make_engine()
         self.engine.sync(self.model)
         if self.step == 0:
-            self._emit({"event": "eval", **self.evaluate()}, "eval.jsonl")
+            self._evaluate_and_log()
         bar = tqdm(total=c.max_steps, initial=self.step, desc="train", disable=not self.progress)
         last: dict[str, Any] = {}
         with self._stop_on_signal():
@@ -806,25 +899,43 @@ class DPPOTrainer:
                 bar.set_postfix(reward="skipped" if last.get("skipped") else f"{last['reward_mean']:.3f}",
                                 step_s=f"{last['step_time']:.2f}")
                 if c.save_steps and self.step % c.save_steps == 0:
-                    self.save_checkpoint()
-                if self._stop_requested:
+                    self._save_checkpoint_all_ranks()
+                # data parallel: a stop asked of any rank (torchrun forwards signals to each) stops them all
+                if all_reduce_max(float(self._stop_requested), self.dist) > 0:
                     bar.close()
-                    path = self.save_checkpoint()
-                    print(f"\nstopped: checkpoint of step {self.step} written to {path}; continue with --resume")
+                    path = self._save_checkpoint_all_ranks()
+                    if main:
+                        print(f"\nstopped: checkpoint of step {self.step} written to {path}; continue with --resume")
                     raise KeyboardInterrupt
                 if c.eval_steps and self.step % c.eval_steps == 0 and self.step < c.max_steps:
-                    self._emit({"event": "eval", **self.evaluate()}, "eval.jsonl")
+                    self._evaluate_and_log()
         bar.close()
-        self.save_checkpoint()
-        final = self.evaluate()
-        self._emit({"event": "eval", **final}, "eval.jsonl")
-        from dppo_core.models import quiet_transformers
+        self._save_checkpoint_all_ranks()
+        final = self._evaluate_and_log()
+        if main:
+            from dppo_core.models import quiet_transformers
 
-        with quiet_transformers():
-            self.model.save_pretrained(self.output_dir / "final")
-            self.tokenizer.save_pretrained(self.output_dir / "final")
+            with quiet_transformers():
+                self.model.save_pretrained(self.output_dir / "final")
+                self.tokenizer.save_pretrained(self.output_dir / "final")
         if self._tb is not None:
             self._tb.close()
+        barrier(self.dist)
         return {"step": self.step, "last": last, "eval": final}
+
+    def _save_checkpoint_all_ranks(self) -> Path:
+        """Rank 0 writes the checkpoint (the weights are the same on every rank); the others wait for it."""
+        path = self.save_checkpoint() if self.dist.is_main else self.output_dir / f"{CHECKPOINT_PREFIX}{self.step}"
+        barrier(self.dist)
+        return path
+
+    def _evaluate_and_log(self) -> dict[str, Any]:
+        """Evaluate on rank 0 and log it (other ranks wait at a barrier and get ``{}``)."""
+        result: dict[str, Any] = {}
+        if self.dist.is_main:
+            result = self.evaluate()
+            self._emit({"event": "eval", **result}, "eval.jsonl")
+        barrier(self.dist)
+        return result
 
 
