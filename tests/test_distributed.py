@@ -39,6 +39,16 @@ def test_helpers_are_no_ops_in_one_process():
     assert all_gather_objects({"a": 1}, DistInfo()) == [{"a": 1}]
 
 
+def test_the_framework_recipe_in_the_docs_runs(capsys):
+    """docs/scaling.md shows how a Ray-based framework calls the pruning and packing: that code must run."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    exec(compile(code, "docs/scaling.md", "exec"), {})
+    assert "prompts rolled out" in capsys.readouterr().out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
