@@ -16,6 +16,7 @@ steps per minute, mismatch first vs last).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import resource
@@ -67,6 +68,8 @@ def main() -> int:
     ap.add_argument("--output", type=Path, default=Path("benchmarks/results/soak"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--mismatch-every", type=int, default=20)
+    ap.add_argument("--kv-cache-mib", type=int, default=None,
+                    help="vLLM's KV cache size on CPU (default: the engine's, 1024 MiB)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides")
     args = ap.parse_args()
 
@@ -82,10 +85,20 @@ def main() -> int:
     def on_record(record):
         if record.get("event") != "eval":
             memory.append({"step": record["step"], "rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib(),
-                           "step_time": record["step_time"]})
+                           "step_time": record["step_time"],
+                           # Python objects alive: flat while RSS grows points at native memory, not a Python leak
+                           "python_objects": len(gc.get_objects()) if record["step"] % 10 == 0 else None})
 
     trainer = DPPOTrainer(config, callbacks=[on_record])
-    trainer.engine = WatchedEngine(trainer._make_engine(), trainer, args.mismatch_every, mismatch)
+    if args.kv_cache_mib is not None and config.rollout_engine == "vllm":
+        from dppo_core.rollout import make_rollout_engine
+
+        engine = make_rollout_engine("vllm", model=trainer.model, tokenizer=trainer.tokenizer, require=True,
+                                     model_path=trainer.model_path, seed=config.seed,
+                                     kv_cache_memory_bytes=args.kv_cache_mib << 20)
+    else:
+        engine = trainer._make_engine()
+    trainer.engine = WatchedEngine(engine, trainer, args.mismatch_every, mismatch)
     t0 = time.perf_counter()
     result = trainer.train()
     wall = time.perf_counter() - t0
