@@ -36,6 +36,11 @@ class DPPOConfig:
     """Levels of the embedded task to train on (ignored for other tasks)."""
     level_weights: tuple[float, ...] | None = None
     """Sampling weight of each level in ``train_levels``; None: uniform."""
+    train_pool_size: int | None = None
+    """Train on a fixed pool of this many prompts: the first N training prompts in one fixed shuffled
+    order (drawn with the level weights; the same pool for every seed and method), sampled uniformly.
+    Prompts then recur about every N / ``prompts_per_step`` steps, as in multi-epoch training on a fixed
+    set, which is what prompt pruning needs history for. None: the whole training set."""
 
     # --- rollout ----------------------------------------------------------------------------------
     num_generations: int = 8
@@ -214,6 +219,8 @@ class DPPOConfig:
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
         need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
         need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
+        need(self.train_pool_size is None or self.train_pool_size >= 1, "train_pool_size",
+             "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
         need(self.eval_levels is None or len(self.eval_levels) > 0, "eval_levels",
              "give at least one level, or null for the training levels")
         if self.level_weights is not None:

@@ -75,6 +75,25 @@ class PromptSource:
         rng = random.Random(f"prompts:{seed}:{step}")
         return rng.choices(self.rows, weights=self.weights, k=n)
 
+    def pool(self, size: int) -> PromptSource:
+        """The first ``size`` rows of one fixed weighted shuffle, as a source sampled uniformly.
+
+        The shuffle is a weighted random permutation (Efraimidis-Spirakis keys log(u) / w, largest first)
+        under a fixed seed: the pool is the same for every run seed and method, holds the levels in about
+        the proportions of the weights, and a smaller pool is a prefix of a larger one. Rows of weight 0
+        are never drawn.
+        """
+        weights = self.weights or [1.0] * len(self.rows)
+        eligible = sum(w > 0 for w in weights)
+        if not 1 <= size <= eligible:
+            raise ConfigError(f"train_pool_size={size}: the training set has {eligible} prompts"
+                              f"{' with non-zero weight' if eligible < len(self.rows) else ''}; give 1 to "
+                              f"{eligible}, or null for the whole set")
+        rng = random.Random("train-pool")
+        keys = [math.log(1.0 - rng.random()) / w if w > 0 else -math.inf for w in weights]
+        order = sorted(range(len(self.rows)), key=keys.__getitem__, reverse=True)
+        return PromptSource([self.rows[i] for i in order[:size]])
+
 
 def prompt_key(row: dict[str, Any]) -> str:
     """The id a prompt's history is stored under: the row's ``id``, else its messages as JSON."""
@@ -92,6 +111,7 @@ class PromptSelection:
 
 
 def build_prompt_source(config: DPPOConfig) -> PromptSource:
+    """The training prompts of ``config.task``; with ``train_pool_size``, the fixed pool of that many."""
     if config.task == "arithmetic":
         task = ArithmeticTask(config.train_levels)
         rows, weights = [], []
@@ -100,15 +120,17 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
             problems: list[Problem] = task.train(level)
             rows.extend(p.to_record() for p in problems)
             weights.extend([w / len(problems)] * len(problems))
-        return PromptSource(rows, weights)
-    from dppo_core.tasks import load_benchmark
+        source = PromptSource(rows, weights)
+    else:
+        from dppo_core.tasks import load_benchmark
 
-    records = load_benchmark(config.task)
-    if not records:
-        raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "
-                          "problem/answer row, or task='arithmetic'")
-    rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
-    return PromptSource(rows)
+        records = load_benchmark(config.task)
+        if not records:
+            raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "
+                              "problem/answer row, or task='arithmetic'")
+        rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
+        source = PromptSource(rows)
+    return source.pool(config.train_pool_size) if config.train_pool_size is not None else source
 
 
 # --------------------------------------------------------------------------------------------------
@@ -716,7 +738,7 @@ class DPPOTrainer:
 
         c = self.config
         if c.task != "arithmetic":
-            return {}
+            return {"step": self.step}
         levels = c.eval_levels or c.train_levels
         task = ArithmeticTask(levels)  # built once per evaluation, not once per level
         problems = [p for lvl in levels for p in task.test(lvl, c.eval_problems_per_level)]
@@ -824,13 +846,34 @@ class DPPOTrainer:
                 shutil.rmtree(stale, ignore_errors=True)
 
     def _truncate_logs(self) -> None:
-        """Drop log lines of steps after the resumed checkpoint (they will be run again)."""
+        """Drop log lines of steps after the resumed checkpoint (they will be run again).
+
+        Also dropped: a line cut off by a crash (a run killed mid-write; it does not parse), and, when the
+        run resumes at ``max_steps``, the final evaluation (it is run again). Records without a step are
+        kept. The file is replaced atomically, so a crash here loses nothing.
+        """
+        final = self.step >= self.config.max_steps
         for name in ("metrics.jsonl", "eval.jsonl"):
             f = self.output_dir / name
             if not f.exists():
                 continue
-            kept = [line for line in f.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= self.step]
-            f.write_text("".join(line + "\n" for line in kept))
+            text = f.read_text(errors="replace")
+            kept = []
+            for line in text.splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:  # blank, or cut off by a crash
+                    continue
+                step = record.get("step") if isinstance(record, dict) else None
+                if isinstance(step, (int, float)):
+                    if step > self.step or (final and name == "eval.jsonl" and step == self.step):
+                        continue  # will be run and logged again
+                kept.append(line)
+            new = "".join(line + "\n" for line in kept)
+            if new != text:
+                tmp = f.with_name(f".tmp-{name}")
+                tmp.write_text(new)
+                os.replace(tmp, f)
 
     # --- the loop ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -874,16 +917,23 @@ class DPPOTrainer:
             self.load_checkpoint(self.checkpoints()[-1])
             if main:
                 self._truncate_logs()
-        elif main:
+        elif main:  # a fresh run in this directory: an earlier run's logs and checkpoints are replaced
             for name in ("metrics.jsonl", "eval.jsonl"):
                 (self.output_dir / name).unlink(missing_ok=True)
+            stale = self.checkpoints()
+            if stale:
+                print(f"starting afresh in {self.output_dir}: removing {len(stale)} checkpoint(s) of an earlier run "
+                      "(use --resume to continue it instead)", flush=True)
+                for old in stale:
+                    shutil.rmtree(old, ignore_errors=True)
         barrier(self.dist)
         if main:
             (self.output_dir / "config.json").write_text(c.to_json())
         if c.tensorboard and main:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
+            # on resume, drop the events of steps that will be run again
+            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=self.step + 1 if self.step else None)
         if self.engine is None:
             self.engine = self._make_engine()
         self.engine.sync(self.model)
@@ -898,6 +948,9 @@ class DPPOTrainer:
                 bar.update(1)
                 bar.set_postfix(reward="skipped" if last.get("skipped") else f"{last['reward_mean']:.3f}",
                                 step_s=f"{last['step_time']:.2f}")
+                # evaluate before checkpointing: a crash in between loses neither (resume redoes both)
+                if c.eval_steps and self.step % c.eval_steps == 0 and self.step < c.max_steps:
+                    self._evaluate_and_log()
                 if c.save_steps and self.step % c.save_steps == 0:
                     self._save_checkpoint_all_ranks()
                 # data parallel: a stop asked of any rank (torchrun forwards signals to each) stops them all
@@ -907,21 +960,34 @@ class DPPOTrainer:
                     if main:
                         print(f"\nstopped: checkpoint of step {self.step} written to {path}; continue with --resume")
                     raise KeyboardInterrupt
-                if c.eval_steps and self.step % c.eval_steps == 0 and self.step < c.max_steps:
-                    self._evaluate_and_log()
         bar.close()
         self._save_checkpoint_all_ranks()
         final = self._evaluate_and_log()
         if main:
-            from dppo_core.models import quiet_transformers
-
-            with quiet_transformers():
-                self.model.save_pretrained(self.output_dir / "final")
-                self.tokenizer.save_pretrained(self.output_dir / "final")
+            self._save_final()
         if self._tb is not None:
             self._tb.close()
         barrier(self.dist)
         return {"step": self.step, "last": last, "eval": final}
+
+    def _save_final(self) -> None:
+        """Write ``final/`` (model and tokenizer) atomically: a temp dir, renamed into place."""
+        from dppo_core.models import quiet_transformers
+
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-final-", dir=self.output_dir))
+        try:
+            with quiet_transformers():
+                self.model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+            target = self.output_dir / "final"
+            if target.exists():  # out of the way first: "final" is never half-written (at worst absent until resume)
+                old = Path(tempfile.mkdtemp(prefix=".tmp-final-old-", dir=self.output_dir))
+                os.rename(target, old / "final")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def _save_checkpoint_all_ranks(self) -> Path:
         """Rank 0 writes the checkpoint (the weights are the same on every rank); the others wait for it."""

@@ -301,6 +301,25 @@ def test_checkpoint_corrupt_prompt_history(finished_run, small_model_dir, tmp_pa
                     r"checkpoint-1: prompt_history.json is corrupt .*delete the checkpoint to resume from the one before")
 
 
+def test_run_killed_mid_write(finished_run, small_model_dir, tmp_path):
+    """What a SIGKILL can leave: a cut-off last log line and a checkpoint temp dir (tests/test_crash_resume.py
+    kills real runs); --resume drops both and goes on from the last checkpoint."""
+    import json
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        with open(out / name, "a") as f:
+            f.write('{"step": 2, "reward_mean": 0.')
+    (out / ".tmp-checkpoint-x1y2" / "model").mkdir(parents=True)
+    (out / ".tmp-checkpoint-x1y2" / "model" / "model.safetensors").write_bytes(b"\0" * 64)
+    _trainer(_config(small_model_dir, out, max_steps=2, eval_levels=(2,))).train(resume=True)
+    steps = lambda name: [json.loads(x)["step"] for x in (out / name).read_text().splitlines()]  # noqa: E731
+    assert steps("metrics.jsonl") == [1, 2] and steps("eval.jsonl") == [0, 1, 2]
+    assert not list(out.glob(".tmp-*"))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
 # --------------------------------------------------------------------------------------------------
 # vLLM
 # --------------------------------------------------------------------------------------------------
