@@ -16,7 +16,9 @@ demo: setup
 	$(PY) -m dppo_core.cli demo
 
 # The warm-started tiny model is built first (about 5 minutes once, then cached): notebooks use it.
-test: setup
+# (setup with DPPO_SETUP_BROWSER=1 also makes sure Chromium is there for tests/test_browser.py.)
+test:
+	DPPO_SETUP_BROWSER=1 bash scripts/setup.sh
 	$(PY) -m dppo_core.cli build
 	$(PY) -m pytest tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 

@@ -35,6 +35,36 @@ if [ -z "$device" ]; then
 fi
 case "$device" in cpu|cuda) ;; *) echo "error: DPPO_DEVICE must be cpu or cuda, got '$device'" >&2; exit 2;; esac
 
+# Chromium for the browser test (tests/test_browser.py drives it with Playwright; no browser download).
+# Only for the tests (`make test` sets DPPO_SETUP_BROWSER=1; `make demo` does not touch the system).
+# Checked on every such run, before the stamp: when missing it is installed from Debian's packages if apt-get
+# is there and we are root or have password-less sudo (DPPO_INSTALL_CHROMIUM=0 turns that off);
+# otherwise a note says how, and the test is skipped. In CI ($CI set) a missing Chromium is an error.
+# DPPO_CHROMIUM=/path/to/chromium uses another binary.
+ensure_chromium() {
+  if [ -n "${DPPO_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    return 0
+  fi
+  local as=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then as="sudo -n"; else as=none; fi
+  fi
+  if [ "${DPPO_INSTALL_CHROMIUM:-1}" != 0 ] && [ "$as" != none ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium for tests/test_browser.py (DPPO_INSTALL_CHROMIUM=0 skips this)"
+    if $as apt-get update -qq && $as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; then
+      return 0
+    fi
+    echo "setup: warning: apt-get could not install chromium" >&2
+  fi
+  case "${CI:-}" in
+    ""|0|false|False|FALSE|no) ;;
+    *) echo "error: no chromium, and CI is set: the browser test must run in CI (apt-get install chromium)" >&2
+       return 1;;
+  esac
+  echo "setup: note: no chromium found, so tests/test_browser.py will be skipped; to run it: sudo apt-get install chromium (Debian/Ubuntu), or set DPPO_CHROMIUM=/path/to/chromium" >&2
+}
+if [ "${DPPO_SETUP_BROWSER:-0}" = 1 ]; then ensure_chromium; fi
+
 key=$( { echo "$device"; cat pyproject.toml requirements/*.txt scripts/setup.sh; } | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.dppo-setup-stamp"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
