@@ -1,0 +1,133 @@
+"""Chapter 05 exercises, solved and checked: predict the expected kept count, a maximum age for the
+history, and what GRESO needs to become unbiased.
+
+Run: python notebooks/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
+from synthetic rewards; tests/test_solutions.py runs it too)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from dppo_core.grpo import group_advantages
+from dppo_core.pruning import PromptHistory, greso_keep_probs, prompt_keep_probs, sample_keep
+
+G = 8
+
+
+def synthetic_history(n_seen: int = 30, seed: int = 0, step: int = 0):
+    """A history of n_seen prompts whose last group of G had success rates spread over [0, 1] (some degenerate)."""
+    gen = torch.Generator().manual_seed(seed)
+    success = torch.rand(n_seen, 1, generator=gen) ** 2 * 1.4 - 0.2                  # some < 0 and > 1: degenerate
+    rewards = (torch.rand(n_seen, G, generator=gen) < success).float()               # (n_seen, G)
+    ids = [f"q{i}" for i in range(n_seen)]
+    history = PromptHistory()
+    history.update(ids, rewards, group_advantages(rewards), step=step)
+    return history, ids, rewards
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1: change the prune rate and predict the expected number of prompts kept
+# --------------------------------------------------------------------------------------------------
+
+def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: str, floor: float = 0.1) -> float:
+    """E[kept] = sum of pi_q, predicted from the counts alone (no call to prompt_keep_probs)."""
+    scores = [history.score(pid) for pid in ids]
+    n, unseen = len(ids), sum(s is None for s in scores)
+    seen = n - unseen
+    if rate == 0 or seen == 0:
+        return float(n)
+    if scheme == "paper":      # the lower half of the seen prompts (rounded up) is kept with max(1 - r, floor)
+        return n - math.ceil(seen / 2) * (1 - max(1 - rate, floor))
+    # proportional: a budget of (1 - r) n, unseen prompts counted as kept; what the seen ones can reach is
+    # between floor * seen (all on the floor) and positive + floor * zero (score-0 prompts never leave the floor)
+    zero = sum(s == 0 for s in scores)
+    target = (1 - rate) * n - unseen
+    return unseen + min(max(target, floor * seen), seen - zero + floor * zero)
+
+
+def exercise_1() -> None:
+    history, ids, rewards = synthetic_history()
+    candidates = ids + [f"new{i}" for i in range(10)]                   # 30 seen, 10 never rolled out
+    degenerate = int((rewards.std(1) == 0).sum())
+    print(f"{len(ids)} seen prompts ({degenerate} degenerate last time) + 10 unseen")
+    print("rate   paper: predicted  package   proportional: predicted  package")
+    for rate in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95):
+        row = []
+        for scheme in ("paper", "proportional"):
+            ours = predicted_kept(history, candidates, rate, scheme)
+            pi = prompt_keep_probs(history, candidates, rate, scheme=scheme)
+            assert math.isclose(ours, pi.sum().item(), abs_tol=1e-9), (rate, scheme, ours, pi.sum().item())
+            row.append(f"{ours:>9.2f}  {pi.sum().item():>7.2f}")
+        print(f"{rate:>4.2f}   {row[0]}   {'':>13}{row[1]}")
+    # Then draw: coin flips keep E[kept] on average, the fixed-size design exactly floor or ceil of it.
+    pi = prompt_keep_probs(history, candidates, 0.5, scheme="proportional")
+    expected = pi.sum().item()
+    bern = sample_keep(pi.expand(4000, -1), torch.Generator().manual_seed(0)).sum(1).double()
+    assert abs(bern.mean().item() - expected) < 4 * bern.std().item() / 4000**0.5
+    fixed = {int(sample_keep(pi, torch.Generator().manual_seed(d), fixed_size=True).sum()) for d in range(500)}
+    assert fixed <= {math.floor(expected), math.ceil(expected)}
+    print(f"r = 0.5 proportional: E[kept] {expected:.2f}; Bernoulli draws {bern.mean().item():.2f} ± "
+          f"{bern.std().item():.2f}; fixed-size draws keep {sorted(fixed)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2: a maximum age for the history
+# --------------------------------------------------------------------------------------------------
+
+def exercise_2() -> None:
+    history, ids, _ = synthetic_history(step=0)
+    fresh = prompt_keep_probs(history, ids, 0.5, step=2, max_age=2)
+    stale = prompt_keep_probs(history, ids, 0.5, step=2, max_age=0)
+    assert torch.equal(fresh, prompt_keep_probs(history, ids, 0.5)) and (fresh < 1).any()
+    assert (stale == 1).all()           # records older than max_age count as unseen: every prompt kept for sure
+    # Refresh half of the prompts at step 2: only those can be pruned now.
+    rewards = torch.zeros(15, G)
+    history.update(ids[:15], rewards, group_advantages(rewards), step=2)
+    mixed = prompt_keep_probs(history, ids, 0.5, step=2, max_age=0)
+    assert (mixed[15:] == 1).all() and (mixed[:15] < 1).any()
+    print(f"max_age=0 at step 2: {int((stale == 1).sum())}/{len(ids)} prompts at pi = 1 (history too old); "
+          f"after 15 are seen again at step 2, {int((mixed < 1).sum())} can be pruned")
+    # Why it matters: a score describes the policy that produced it. A prompt the policy failed 20 steps ago
+    # may be half-solved now; max_age stops pruning on evidence about a policy that no longer exists.
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3: GRESO with weights 1 / pi and a constant normaliser is unbiased
+# --------------------------------------------------------------------------------------------------
+
+def exercise_3() -> None:
+    history, ids, rewards = synthetic_history(n_seen=12, seed=3)
+    pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's degenerate prompts, else 1
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(len(ids), generator=gen, dtype=torch.float64)  # what each prompt gives *now*
+    x[pi < 1] *= 0.3                                              # degenerate last time: gives less now, not nothing
+    target = x.mean().item()
+    random_ids = (pi < 1).nonzero().flatten().tolist()
+    e_greso = e_weighted = 0.0
+    for bits in itertools.product([False, True], repeat=len(random_ids)):   # every draw, exactly
+        keep = torch.ones(len(ids), dtype=torch.bool)
+        keep[random_ids] = torch.tensor(bits)
+        prob = math.prod(pi[j].item() if b else 1 - pi[j].item() for j, b in zip(random_ids, bits, strict=True))
+        e_greso += prob * x[keep].mean().item()                            # GRESO: mean over the kept, no weights
+        e_weighted += prob * (keep / pi * x).sum().item() / len(ids)      # weights 1/pi, divide by all candidates
+    print(f"{len(random_ids)} of {len(ids)} prompts skippable | target {target:.4f} | GRESO {e_greso:.4f} | "
+          f"GRESO + 1/pi weights, / {len(ids)}: {e_weighted:.4f}")
+    assert math.isclose(e_weighted, target, rel_tol=1e-12)
+    assert e_greso - target > 0.01    # over-represents the prompts that were informative last time
+    # What GRESO left out: the kept prompts do not stand in for the skipped ones. Weighting each kept prompt
+    # by 1 / pi (and dividing by the candidate count, a constant) restores E[K_q / pi_q] = 1 for every prompt.
+
+
+def main() -> None:
+    exercise_1()
+    exercise_2()
+    exercise_3()
+    print("chapter 05 solutions: all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Chapter 06 exercises, solved and checked: fixed-size draws, the floor, and uniform pruning against
+pruning by |A|.
+
+Run: python notebooks/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
+and each completion's gradient is stood in for by a number s; tests/test_solutions.py runs it too)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dppo_core.grpo import group_advantages
+from dppo_core.pruning import completion_keep_probs, importance_weights, sample_keep
+
+P, G = 16, 8
+
+
+def synthetic_batch(seed: int = 0):
+    """0/1 rewards of P groups of G, their advantages, and s: each completion's gradient along the full-batch
+    gradient (as in the chapter's section 4), so that sum s > 0.
+
+    |s| is |A| times a positive factor (the completion's length, how sure the model already was): |A| is a proxy
+    for |s|, not |s|. Most completions push along the full gradient, a quarter against it.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    success = torch.rand(P, 1, generator=gen, dtype=torch.float64)
+    rewards = (torch.rand(P, G, generator=gen, dtype=torch.float64) < success).double()
+    A = group_advantages(rewards).double()
+    factor = 0.5 + torch.rand(P, G, generator=gen, dtype=torch.float64)
+    sign = torch.where(torch.rand(P, G, generator=gen) < 0.75, 1.0, -1.0).double()
+    return A, A.abs() * factor * sign
+
+
+def exact_std(p: torch.Tensor, s: torch.Tensor) -> float:
+    """Std of sum K w s over independent draws, relative to sum s: sqrt(sum (1/p - 1) s^2) / |sum s|."""
+    nz = s != 0
+    return ((1 / p[nz] - 1) * s[nz] ** 2).sum().sqrt().item() / abs(s.sum().item())
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1: fixed-size sampling is unbiased too, and less noisy
+# --------------------------------------------------------------------------------------------------
+
+def exercise_1(draws: int = 2000) -> None:
+    A, s = synthetic_batch()
+    p = completion_keep_probs(A, 0.5)                           # proportional, per group
+    full = s.sum().item()
+    results = {}
+    for name, fixed in (("Bernoulli", False), ("fixed size", True)):
+        gen = torch.Generator().manual_seed(1)
+        est, counts = [], set()
+        for _ in range(draws):
+            keep = sample_keep(p, gen, fixed_size=fixed)
+            w = importance_weights(torch.ones(P), p, keep)      # 1/p where kept, 0 elsewhere
+            est.append((w * s).sum().item() / full)
+            counts.add(tuple(keep.sum(1).tolist()))
+        est = torch.tensor(est, dtype=torch.float64)
+        results[name] = (est.mean().item(), est.std().item(), len(counts))
+        assert abs(est.mean().item() - 1) < 4 * est.std().item() / draws**0.5      # centred on the full batch
+    for name, (mean, std, n_counts) in results.items():
+        print(f"{name:<10} mean {mean:.3f}  std {std:.3f}  distinct per-group kept counts over the draws: {n_counts}")
+    assert results["fixed size"][1] < results["Bernoulli"][1]
+    # Every group's sum of p is an integer here, so the fixed-size design keeps exactly that many each draw.
+    assert torch.allclose(p.sum(1), p.sum(1).round()) and results["fixed size"][2] == 1
+    print(f"exact std for coin flips {exact_std(p, s):.3f} (the Monte Carlo above: {results['Bernoulli'][1]:.3f})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2: what the floor is for
+# --------------------------------------------------------------------------------------------------
+
+def exercise_2() -> None:
+    A, s = synthetic_batch()
+    # A second s for which |A| is a useless proxy: every completion with A != 0 has the same |s|.
+    s_flat = torch.where(A != 0, s.sign() * s[s != 0].abs().mean(), torch.zeros_like(s))
+    print("floor   max weight   std, |s| ~ |A| x noise   std, all |s| equal")
+    stds, w_max = {}, {}
+    for floor in (0.1, 0.02):
+        p = completion_keep_probs(A, 0.9, min_keep_prob=floor)
+        w_max[floor] = (1 / p[p > 0]).max().item()
+        stds[floor] = (exact_std(p, s), exact_std(p, s_flat))
+        print(f"{floor:>5}   {w_max[floor]:>10.1f}   {stds[floor][0]:>22.3f}   {stds[floor][1]:>18.3f}")
+        assert w_max[floor] <= 1 / floor + 1e-9                 # the floor caps every weight at 1 / floor
+    assert w_max[0.02] > w_max[0.1]
+    # When |A| tracks the gradient, a lower floor lets p follow |A| more closely and the estimate gets *less*
+    # noisy; when it does not, the completions pushed to low p carry large weights and the variance grows. The
+    # floor bounds the damage of a bad proxy (and keeps every completion with A != 0 possible: unbiased).
+    assert stds[0.02][0] < stds[0.1][0] and stds[0.02][1] > stds[0.1][1]
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3: uniform pruning (still weighted) against pruning by |A|
+# --------------------------------------------------------------------------------------------------
+
+def exercise_3() -> None:
+    A, s = synthetic_batch()
+    nz = A != 0
+    for rate in (0.25, 0.5, 0.75):
+        p_prop = completion_keep_probs(A, rate)
+        kept = p_prop.sum().item()
+        p_uniform = torch.where(nz, torch.full_like(A, kept / nz.sum().item()), torch.zeros_like(A))
+        assert abs(p_uniform.sum().item() - kept) < 1e-9             # the same expected number trained
+        # Both are unbiased: E[sum K w s] = sum p (1/p) s = sum s, whatever p > 0 is.
+        for p in (p_prop, p_uniform):
+            assert torch.isclose((p * importance_weights(torch.ones(P), p) * s).sum(), s.sum())
+        u, prop = exact_std(p_uniform, s), exact_std(p_prop, s)
+        print(f"r = {rate}: {kept:.1f} kept of {int(nz.sum())} with A != 0 | std uniform {u:.3f}, by |A| {prop:.3f}")
+        assert prop < u
+    # Using |A| buys precision at no bias: at equal cost, it spends the budget where the gradient is.
+
+
+def main() -> None:
+    exercise_1()
+    exercise_2()
+    exercise_3()
+    print("chapter 06 solutions: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
