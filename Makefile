@@ -27,7 +27,7 @@ test-fast: setup
 	$(PY) -m pytest tests -m "not slow"
 
 lint: setup
-	$(PY) -m ruff check dppo_core tests scripts benchmarks
+	$(PY) -m ruff check dppo_core tests scripts benchmarks notebooks/solutions
 
 clean:
 	rm -rf .venv .cache .pytest_cache build *.egg-info
