@@ -1,4 +1,4 @@
-"""The ``dppo`` command line: ``dppo demo``, ``dppo build``, and the commands later chapters add.
+"""The ``dppo`` command line: ``dppo demo``, ``build``, ``eval``, ``train``, ``bench`` and ``doctor``.
 
 Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`build_parser`.
 """
@@ -32,33 +32,69 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Build and warm-start the tiny model, then print its per-level accuracy on the test split."""
-    import torch
-
-    from dppo_core.evaluate import evaluate_task
+    """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
+    from dppo_core.bench import BENCH_PRESETS, format_levels, format_table, run_bench
     from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
-    from dppo_core.rollout import HFRollout
 
-    torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     print("1/2 warm start of the embedded tiny model (cached after the first run)")
     path = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir)
-    model, tokenizer = load_model(path)
+    model, _ = load_model(path)
     print(f"    model: {path} ({count_parameters(model) / 1e6:.2f}M parameters)")
-    engine = HFRollout(model, tokenizer)
-    print(f"2/2 evaluation on {args.n_per_level} held-out problems per level")
-    results = {}
-    for name, temperature, samples in (("greedy", 0.0, 1), ("sampled", 1.0, args.samples)):
-        ev = evaluate_task(engine, n_per_level=args.n_per_level, samples_per_problem=samples,
-                           temperature=temperature, seed=args.seed, progress=True)
-        results[name] = ev.to_dict()
-        print(f"\n{name} ({samples} sample{'s' if samples > 1 else ''} per problem)")
-        print(ev.table())
-    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"model": str(path), **results}, indent=2))
-        print(f"results written to {args.output}")
+    del model
+    demo = BENCH_PRESETS["demo"]
+    print(f"2/2 {' vs '.join(m.upper() for m in demo.methods)} on the embedded task: {demo.description}")
+    overrides = [f"model={path}"]
+    if args.n_per_level is not None:
+        overrides.append(f"eval_problems_per_level={args.n_per_level}")
+    if args.samples is not None:
+        overrides.append(f"eval_samples={args.samples}")
+    result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides)
+    before = _first_eval(args.output_dir / "runs" / "grpo" / f"seed-{args.seed}" / "eval.jsonl")
+    if before:
+        print("\nthe warm-started model on held-out problems (accuracy per level, before training)")
+        print(format_levels(before))
+    print()
+    print(format_table(result))
+    print(f"\nresults: {args.output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, "
+          f"phases.png in {args.output_dir}; total {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Every method of a bench preset, same budget, interleaved; writes bench.json and plots, prints a table."""
+    from dppo_core import bench
+    from dppo_core.config import ConfigError
+
+    if args.list:
+        print(bench.describe_presets())
+        return 0
+    # `--seeds 0 1 max_steps=20`: argparse gives the overrides after a list option to that option
+    overrides = list(args.overrides)
+    for name in ("seeds", "methods"):
+        values = getattr(args, name)
+        if values:
+            overrides += [v for v in values if "=" in v]
+            setattr(args, name, [v for v in values if "=" not in v] or None)
+    try:
+        seeds = [int(s) for s in args.seeds] if args.seeds else None
+    except ValueError:
+        print(f"error: --seeds takes integers, got {' '.join(args.seeds)}", file=sys.stderr)
+        return 2
+    output_dir = args.output_dir or Path("runs") / f"bench-{args.preset}"
+    try:
+        if args.summarize:
+            preset = bench.bench_preset(args.preset)
+            result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds)
+        else:
+            result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
+                                     overrides=overrides, resume=args.resume)
+    except (bench.BenchError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(bench.format_table(result))
+    print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
     return 0
 
 
@@ -127,7 +163,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = trainer.train(resume=args.resume)
     first = _first_eval(Path(config.output_dir) / "eval.jsonl")
     final = result["eval"]
-    if first and final:
+    if first and "greedy_accuracy" in final:
         print(f"\n{'':>10} {'before':>8} {'after':>8}")
         for key in [k for k in final if (k.endswith("accuracy") or "_L" in k) and not k.endswith("stderr")]:
             print(f"{key:>18} {first.get(key, float('nan')):>8.3f} {final[key]:>8.3f}")
@@ -169,14 +205,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("demo", help="warm-start the embedded tiny model and print its accuracy per level")
+    p = sub.add_parser("demo", help="warm-start the embedded tiny model, then a short GRPO vs DPPO comparison")
     _add_cache_dir(p)
-    p.add_argument("--n-per-level", type=int, default=100, help="held-out problems per level (default 100)")
-    p.add_argument("--samples", type=int, default=4, help="samples per problem at temperature 1 (default 4)")
+    p.add_argument("--output-dir", type=Path, default=Path("runs/demo"),
+                   help="where the runs, bench.json and the plots go (default runs/demo)")
+    p.add_argument("--n-per-level", type=int, default=None,
+                   help="held-out problems per level in each evaluation (default: the demo preset's, 50)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per problem at temperature 1 (default: the demo preset's, 2)")
     p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
     p.set_defaults(func=cmd_demo)
+
+    from dppo_core.bench import BENCH_PRESETS, METHODS
+
+    p = sub.add_parser(
+        "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer side by side: bench.json, plots, a table",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run every method of a bench preset with the same model, prompts, seed and budget, "
+                    "interleaved (round-robin over methods per seed), and write DIR/bench.json, "
+                    "DIR/*.png and DIR/runs/METHOD/seed-S/{metrics,eval}.jsonl.\n\npresets:\n  "
+                    + "\n  ".join(f"{p_.name}: {p_.description} ({p_.runtime})" for p_ in BENCH_PRESETS.values())
+                    + "\n\nKEY=VALUE sets a DPPOConfig field for every method (before the method's own "
+                    "settings); METHOD.KEY=VALUE for one method, e.g. dppo.completion_prune_rate=0.3.")
+    p.add_argument("--preset", choices=list(BENCH_PRESETS), default="cpu-smoke",
+                   help="the bench preset (default cpu-smoke)")
+    p.add_argument("--output-dir", type=Path, default=None, help="default runs/bench-PRESET")
+    p.add_argument("--seeds", nargs="+", default=None, metavar="SEED", help="seeds to run (default: the preset's)")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help=f"methods to run, grpo included (default: the preset's; from {', '.join(METHODS)})")
+    p.add_argument("--resume", action="store_true", help="keep runs that finished before (after an interruption)")
+    p.add_argument("--summarize", action="store_true",
+                   help="only rewrite bench.json and the plots from the finished runs in the output dir")
+    p.add_argument("--list", action="store_true", help="list the bench presets and exit")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("build", help="build (and warm-start) the embedded tiny model into the cache")
     _add_cache_dir(p)

@@ -1,0 +1,385 @@
+"""``dppo bench``: the cpu-smoke preset end to end (every method, the JSON schema, the plots), the pure
+summary functions on hand-computed numbers, the method configurations and the errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from dppo_core import bench
+from dppo_core.bench import (
+    BENCH_PRESETS,
+    METHOD_OVERRIDES,
+    METHODS,
+    BenchError,
+    aggregate_runs,
+    compare,
+    interleaved,
+    method_config,
+    run_bench,
+    summarize_run,
+    time_to_target,
+    token_cost_bound,
+    trl_grpo_args,
+)
+from dppo_core.cli import main as cli_main
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.trainer import build_prompt_source
+
+PHASES = ("rollout", "reward", "prune", "pack", "update", "sync")
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# --------------------------------------------------------------------------------------------------
+# The smoke preset, through the command line
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke(small_model_dir, tmp_path_factory):
+    """cpu-smoke (every method, 2 seeds x 3 steps) on the small test model, through `dppo bench`."""
+    out = tmp_path_factory.mktemp("bench")
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = cli_main(["bench", "--preset", "cpu-smoke", "--output-dir", str(out), f"model={small_model_dir}"])
+    assert code == 0, buf.getvalue()
+    return out, json.loads((out / "bench.json").read_text()), buf.getvalue()
+
+
+@pytest.mark.slow
+def test_smoke_bench_json_has_every_key_with_its_type(smoke):
+    _, result, _ = smoke
+    assert result["preset"] == "cpu-smoke" and isinstance(result["machine"], str) and result["machine"]
+    assert result["seeds"] == [0, 1] and all(isinstance(s, int) for s in result["seeds"])
+    assert _is_num(result["target_accuracy"])
+    assert set(result["methods"]) == set(METHODS)
+    for name, m in result["methods"].items():
+        assert _is_num(m["wall_s"]) and m["wall_s"] > 0, name
+        assert isinstance(m["steps"], int) and m["steps"] == 3, name
+        assert set(m["step_time_s"]) == {"median", "min", "max"}
+        assert m["step_time_s"]["min"] <= m["step_time_s"]["median"] <= m["step_time_s"]["max"]
+        assert set(m["phase_s"]) == set(PHASES) and all(_is_num(v) and v >= 0 for v in m["phase_s"].values())
+        assert set(m["tokens"]) == {"generated", "trained", "row_capacity"}
+        assert all(isinstance(v, int) for v in m["tokens"].values())
+        assert m["tokens"]["generated"] > 0 and 0 < m["tokens"]["trained"] <= m["tokens"]["row_capacity"], name
+        acc = m["accuracy"]
+        for key in ("before", "after", "after_std"):
+            assert _is_num(acc[key]), (name, key)
+        assert set(acc["per_level_after"]) == {"2", "3"} and all(_is_num(v) for v in acc["per_level_after"].values())
+        assert m["time_to_target_s"] is None or _is_num(m["time_to_target_s"])
+    for key in ("speedup_vs_grpo", "token_cost_bound", "fraction_of_bound"):
+        assert set(result[key]) == set(METHODS), key
+    for name, sp in result["speedup_vs_grpo"].items():
+        assert set(sp) == {"step_time", "wall", "time_to_target"}
+        assert _is_num(sp["step_time"]) and _is_num(sp["wall"]), name
+        assert sp["time_to_target"] is None or _is_num(sp["time_to_target"])
+        assert _is_num(result["token_cost_bound"][name]) and _is_num(result["fraction_of_bound"][name])
+    assert result["token_cost_bound"]["grpo"] == pytest.approx(1.0)
+    assert result["speedup_vs_grpo"]["grpo"]["wall"] == pytest.approx(1.0)
+    assert len(result["runs"]) == len(METHODS) * 2
+    json.dumps(result, allow_nan=False)  # strict JSON: no NaN or infinity anywhere
+
+
+@pytest.mark.slow
+def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
+    out, result, printed = smoke
+    for method in METHODS:
+        for seed in (0, 1):
+            d = out / "runs" / method / f"seed-{seed}"
+            steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
+            assert [s["step"] for s in steps] == [1, 2, 3], (method, seed)
+            assert [e["step"] for e in evals] == [0, 1, 2, 3], (method, seed)  # eval_steps=1, before and after
+            assert not [p for p in d.iterdir() if p.is_dir()], "checkpoints and the final model are removed"
+        assert method in printed
+    for name in ("accuracy_vs_step.png", "accuracy_vs_time.png", "phases.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    m = result["methods"]
+    # pruning acted: dppo trains on fewer tokens than it generates; the others train on all they keep
+    assert m["dppo"]["tokens"]["trained"] < m["dppo"]["tokens"]["generated"]
+    assert m["cppo"]["tokens"]["trained"] < m["cppo"]["tokens"]["generated"]
+    assert m["grpo"]["tokens"]["trained"] == m["grpo"]["tokens"]["generated"]
+    # TRL's policy is evaluated by the same code on the same problems: the same model scores the same before
+    assert m["trl_grpo"]["accuracy"]["before"] == m["grpo"]["accuracy"]["before"]
+    assert result["trl_args"]["num_generations"] == 4 and result["trl_args"]["beta"] == 0.04
+
+
+@pytest.mark.slow
+def test_summarize_rewrites_the_same_result_from_the_logs(smoke):
+    out, result, _ = smoke
+    again = bench.write_bench(out, "cpu-smoke", METHODS, (0, 1))
+    assert again["methods"] == result["methods"] and again["fraction_of_bound"] == result["fraction_of_bound"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure functions, on hand-computed numbers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_it_without_interpolation():
+    curve = [{"train_s": 0.0, "sampled_accuracy": 0.40}, {"train_s": 10.0, "sampled_accuracy": None},
+             {"train_s": 20.0, "sampled_accuracy": 0.58}, {"train_s": 30.0, "sampled_accuracy": 0.55},
+             {"train_s": 40.0, "sampled_accuracy": 0.60}]
+    assert time_to_target(curve, 0.57) == 20.0
+    assert time_to_target(curve, 0.58) == 20.0  # "reaches" includes equality
+    assert time_to_target(curve, 0.59) == 40.0  # the dip at 30 s does not count
+    assert time_to_target(curve, 0.40) == 0.0
+    assert time_to_target(curve, 0.61) is None
+
+
+def _method(wall, rollout, reward, update, generated, trained, median=None, ttt=None, prune=0.0, pack=0.0, sync=0.0):
+    return {"wall_s": wall, "step_time_s": {"median": median or wall / 10, "min": 0.0, "max": 0.0},
+            "phase_s": {"rollout": rollout, "reward": reward, "prune": prune, "pack": pack, "update": update,
+                        "sync": sync},
+            "tokens": {"generated": generated, "trained": trained, "row_capacity": trained},
+            "time_to_target_s": ttt}
+
+
+def test_token_cost_bound_on_hand_computed_numbers():
+    # grpo: 100 s = 40 s rollout + 2 s reward (1000 generated tokens: 0.042 s each) + 50 s update
+    # (1000 trained tokens: 0.05 s each) + 8 s fixed (1 s prune, 3 s pack, 4 s between phases)
+    grpo = _method(100.0, 40.0, 2.0, 50.0, 1000, 1000, prune=1.0, pack=3.0)
+    # a method generating 750 and training 250 tokens: 0.042 * 750 + 0.05 * 250 + 8 = 31.5 + 12.5 + 8 = 52
+    other = _method(65.0, 30.0, 1.5, 12.0, 750, 250)
+    assert token_cost_bound(grpo, grpo) == pytest.approx(1.0)
+    assert token_cost_bound(grpo, other) == pytest.approx(100 / 52)
+    out = compare({"grpo": grpo, "other": other})
+    assert out["token_costs"]["rollout_s_per_generated_token"] == pytest.approx(0.04)
+    assert out["token_costs"]["reward_s_per_generated_token"] == pytest.approx(0.002)
+    assert out["token_costs"]["update_s_per_trained_token"] == pytest.approx(0.05)
+    assert out["token_costs"]["fixed_s"] == pytest.approx(8.0)
+    assert out["speedup_vs_grpo"]["other"]["wall"] == pytest.approx(100 / 65)
+    assert out["fraction_of_bound"]["other"] == pytest.approx((100 / 65) / (100 / 52))  # = 52 / 65 = 0.8
+    assert out["fraction_of_bound"]["other"] == pytest.approx(0.8)
+
+
+def test_speedups_over_grpo_and_a_missing_time_to_target():
+    grpo = _method(100.0, 40.0, 0.0, 60.0, 1000, 1000, median=1.0, ttt=50.0)
+    fast = _method(50.0, 20.0, 0.0, 30.0, 500, 500, median=0.4, ttt=20.0)
+    never = _method(80.0, 40.0, 0.0, 40.0, 1000, 500, median=0.8, ttt=None)
+    sp = compare({"grpo": grpo, "fast": fast, "never": never})["speedup_vs_grpo"]
+    assert sp["fast"] == {"step_time": pytest.approx(2.5), "wall": pytest.approx(2.0), "time_to_target": pytest.approx(2.5)}
+    assert sp["never"]["time_to_target"] is None and sp["never"]["wall"] == pytest.approx(1.25)
+    assert sp["grpo"]["time_to_target"] == pytest.approx(1.0)
+
+
+def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
+    metrics = [
+        {"step": 1, "step_time": 2.0, "time_rollout": 1.0, "time_reward": 0.1, "time_prune": 0.1, "time_pack": 0.1,
+         "time_update": 0.6, "time_sync": 0.0, "tokens_generated": 100, "tokens_trained": 60, "update_capacity": 80},
+        # a step whose prompts were all pruned: no rollout, no tokens
+        {"step": 2, "step_time": 0.5, "time_prune": 0.5, "tokens_generated": 0, "tokens_trained": 0, "skipped": 1},
+        {"step": 3, "step_time": 3.0, "time_rollout": 2.0, "time_reward": 0.1, "time_prune": 0.0, "time_pack": 0.1,
+         "time_update": 0.8, "time_sync": 0.0, "tokens_generated": 120, "tokens_trained": 90, "update_capacity": 100},
+    ]
+    evals = [{"step": 0, "sampled_accuracy": 0.4, "greedy_accuracy": 0.5, "sampled_L2": 0.5, "sampled_L2_stderr": 0.1,
+              "sampled_L3": 0.3, "sampled_stderr": 0.05, "sampled_steps_share": 0.5, "eval_s": 4.0},
+             {"step": 2, "sampled_accuracy": 0.5, "greedy_accuracy": 0.6, "sampled_L2": 0.6, "sampled_L3": 0.4,
+              "eval_s": 4.0},
+             {"step": 3, "sampled_accuracy": 0.6, "greedy_accuracy": 0.7, "sampled_L2": 0.7, "sampled_L3": 0.5,
+              "eval_s": 5.0}]
+    run = summarize_run(metrics, evals)
+    assert run["steps"] == 3 and run["wall_s"] == pytest.approx(5.5) and run["eval_s"] == pytest.approx(13.0)
+    assert run["step_time_s"] == {"median": 2.0, "min": 0.5, "max": 3.0}
+    assert run["phase_s"] == pytest.approx({"rollout": 3.0, "reward": 0.2, "prune": 0.6, "pack": 0.2,
+                                            "update": 1.4, "sync": 0.0})
+    assert run["tokens"] == {"generated": 220, "trained": 150, "row_capacity": 180}
+    assert [p["train_s"] for p in run["curve"]] == pytest.approx([0.0, 2.5, 5.5])
+    assert run["accuracy"]["before"] == 0.4 and run["accuracy"]["after"] == 0.6
+    assert run["accuracy"]["per_level_before"] == {"2": 0.5, "3": 0.3}
+    assert run["accuracy"]["per_level_after"] == {"2": 0.7, "3": 0.5}
+
+
+def _run(after, wall, ttt, curve_accs=(0.4, 0.5), generated=1000):
+    return {"wall_s": wall, "eval_s": 1.0, "steps": 10,
+            "step_time_s": {"median": wall / 10, "min": 0.0, "max": wall / 5},
+            "phase_s": dict.fromkeys(PHASES, wall / 6),
+            "tokens": {"generated": generated, "trained": 500, "row_capacity": 700},
+            "accuracy": {"before": 0.4, "after": after, "per_level_after": {"2": after, "3": after}},
+            "time_to_target_s": ttt,
+            "curve": [{"step": 5 * i, "train_s": wall * i / 2, "sampled_accuracy": a} for i, a in enumerate(curve_accs)]}
+
+
+def test_aggregation_over_seeds_is_the_mean_with_the_std_of_the_final_accuracy():
+    agg = aggregate_runs([_run(0.5, 10.0, 4.0, generated=1000), _run(0.6, 20.0, 6.0, (0.4, 0.7), generated=1001)])
+    assert agg["wall_s"] == pytest.approx(15.0) and agg["steps"] == 10
+    assert agg["accuracy"]["after"] == pytest.approx(0.55)
+    assert agg["accuracy"]["after_std"] == pytest.approx(math.sqrt(((0.05) ** 2 * 2) / 1))  # sample std, n - 1
+    assert agg["accuracy"]["per_level_after"] == pytest.approx({"2": 0.55, "3": 0.55})
+    assert agg["tokens"]["generated"] == 1000 and isinstance(agg["tokens"]["generated"], int)  # 1000.5 rounds to even
+    assert agg["step_time_s"]["median"] == pytest.approx(1.5)
+    assert agg["time_to_target_s"] == pytest.approx(5.0) and agg["time_to_target_reached"] == "2/2"
+    assert [p["sampled_accuracy"] for p in agg["curve"]] == pytest.approx([0.4, 0.6])
+    assert [p["train_s"] for p in agg["curve"]] == pytest.approx([0.0, 7.5])
+    # a seed that never reaches the target: no mean time to target (it would flatter the method)
+    partial = aggregate_runs([_run(0.5, 10.0, 4.0), _run(0.6, 20.0, None)])
+    assert partial["time_to_target_s"] is None and partial["time_to_target_reached"] == "1/2"
+    one = aggregate_runs([_run(0.5, 10.0, 4.0)])
+    assert one["accuracy"]["after_std"] == 0.0
+
+
+def test_runs_are_interleaved_and_the_order_rotates_per_seed():
+    assert interleaved(("a", "b", "c"), (0, 1, 2, 3)) == [
+        ("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1), ("c", 2), ("a", 2), ("b", 2),
+        ("a", 3), ("b", 3), ("c", 3)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Configurations
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(BENCH_PRESETS))
+def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, tmp_path):
+    preset = BENCH_PRESETS[name]
+    configs = {m: method_config(preset, m, 7, tmp_path) for m in preset.methods}
+    grpo = configs["grpo"].to_dict()
+    for m, config in configs.items():
+        assert isinstance(config, DPPOConfig) and config.seed == 7
+        assert config.output_dir == str(tmp_path / "runs" / m / "seed-7")
+        changed = {k for k, v in config.to_dict().items() if grpo[k] != v} - {"output_dir"}
+        assert changed <= set(METHOD_OVERRIDES[m]) | set(preset.method_overrides.get(m, {})), (m, changed)
+        assert config.train_pool_size is not None, "every method samples one fixed pool of prompts"
+    if "trl_grpo" in configs:
+        args = trl_grpo_args(configs["trl_grpo"], tmp_path)
+        c = configs["grpo"]
+        assert args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] == \
+            c.prompts_per_step * c.num_generations
+        assert (args["learning_rate"], args["beta"], args["max_completion_length"], args["num_generations"]) == \
+            (c.learning_rate, c.beta, c.max_completion_length, c.num_generations)
+        assert args["use_vllm"] == (c.rollout_engine == "vllm")
+
+
+def test_cpu_presets_make_pruning_act_on_recurring_prompts():
+    full = method_config(BENCH_PRESETS["cpu-full"], "dppo", 0, "out")
+    assert full.pruning == "dppo" and full.prompt_prune_rate > 0 and full.completion_prune_rate > 0 and full.packing
+    assert full.beta == 0.04  # the tiny-grpo setting, KL to the warm start
+    # each prompt of the pool comes back every few steps, so its history exists when it is drawn again
+    assert full.train_pool_size / full.prompts_per_step <= full.max_steps / 4
+
+
+@pytest.mark.slow  # importing TRL's trainer imports vLLM: 10-15 s
+def test_trl_args_make_a_valid_grpo_config(tmp_path):
+    trl = pytest.importorskip("trl")
+    config = method_config(BENCH_PRESETS["cpu-smoke"], "trl_grpo", 0, tmp_path)
+    args = trl.GRPOConfig(**trl_grpo_args(config, tmp_path / "trl"))
+    assert args.generation_batch_size == config.prompts_per_step * config.num_generations
+    assert args.steps_per_generation == args.gradient_accumulation_steps  # one generation per optimizer step
+
+
+def test_overrides_apply_to_every_method_or_to_one(tmp_path):
+    preset = BENCH_PRESETS["cpu-smoke"]
+    overrides = ["max_steps=5", "dppo.completion_prune_rate=0.3"]
+    assert method_config(preset, "grpo", 0, tmp_path, overrides).max_steps == 5
+    dppo = method_config(preset, "dppo", 0, tmp_path, overrides)
+    assert dppo.max_steps == 5 and dppo.completion_prune_rate == 0.3
+    # a shared override cannot change what a method is: the method's settings come after it
+    assert method_config(preset, "grpo", 0, tmp_path, ["pruning=dppo"]).pruning == "none"
+    with pytest.raises(BenchError, match="'nope' is not a method.*grpo, dppo"):
+        method_config(preset, "grpo", 0, tmp_path, ["nope.beta=0"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        method_config(preset, "grpo", 0, tmp_path, ["learning_rat=1e-3"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------
+
+
+def test_unknown_preset_and_method_list_the_valid_ones(tmp_path, capsys):
+    with pytest.raises(BenchError, match="unknown bench preset 'nope'; choose one of cpu-smoke, demo, cpu-full"):
+        run_bench("nope", tmp_path)
+    with pytest.raises(BenchError, match="unknown method.*'ppo'.*grpo, dppo, cppo, greso, trl_grpo"):
+        run_bench("cpu-smoke", tmp_path, methods=["grpo", "ppo"])
+    with pytest.raises(BenchError, match="include grpo"):
+        run_bench("cpu-smoke", tmp_path, methods=["dppo"])
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--preset", "nope"])
+    assert "cpu-smoke" in capsys.readouterr().err
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--methods", "ppo", "--output-dir", str(tmp_path)]) == 2
+    assert "trl_grpo" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "nothing ran"
+
+
+def test_cli_takes_overrides_that_follow_a_list_option(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_bench(name, output_dir, **kwargs):
+        seen.update(kwargs, name=name)
+        raise BenchError("stop here")
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    argv = ["bench", "--preset", "cpu-full", "--seeds", "0", "3", "max_steps=5", "--methods", "grpo", "dppo",
+            "dppo.beta=0", "--output-dir", str(tmp_path)]
+    assert cli_main(argv) == 2
+    assert seen["name"] == "cpu-full" and seen["seeds"] == [0, 3] and seen["methods"] == ["grpo", "dppo"]
+    assert seen["overrides"] == ["max_steps=5", "dppo.beta=0"]
+    assert cli_main(["bench", "--seeds", "zero", "--output-dir", str(tmp_path)]) == 2
+
+
+def test_summarize_without_finished_runs_says_which_are_missing(tmp_path):
+    with pytest.raises(BenchError, match="runs not finished.*grpo/seed-0.*--resume"):
+        bench.write_bench(tmp_path, "cpu-smoke", ["grpo", "dppo"], (0,))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_the_gpu_preset_refuses_to_start_without_a_gpu(tmp_path):
+    with pytest.raises(BenchError, match="'gpu-qwen3' needs a CUDA GPU.*cpu-smoke"):
+        run_bench("gpu-qwen3", tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_trl_missing_names_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
+    with pytest.raises(BenchError, match=r"pip install 'dppo-core\[bench\]'"):
+        bench.require_trl()
+    with pytest.raises(BenchError, match="needs Hugging Face TRL"):
+        run_bench("cpu-smoke", tmp_path, methods=["grpo", "trl_grpo"])
+    assert not (tmp_path / "runs").exists(), "the check comes before the first run"
+
+
+def test_trl_refuses_what_it_cannot_run(tmp_path):
+    preset = BENCH_PRESETS["cpu-smoke"]
+    with pytest.raises(BenchError, match="plain GRPO"):
+        trl_grpo_args(method_config(preset, "dppo", 0, tmp_path), tmp_path)
+    with pytest.raises(BenchError, match="full or lora"):
+        trl_grpo_args(method_config(preset, "trl_grpo", 0, tmp_path, ["update_mode=qlora4"]), tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# The fixed training pool (config knob train_pool_size)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_training_pool_is_fixed_a_prefix_and_balanced_by_level():
+    big = build_prompt_source(DPPOConfig(train_pool_size=256, seed=0))
+    other_seed = build_prompt_source(DPPOConfig(train_pool_size=256, seed=5))
+    small = build_prompt_source(DPPOConfig(train_pool_size=64))
+    ids = [r["id"] for r in big.rows]
+    assert len(set(ids)) == 256 and big.weights is None  # distinct prompts, sampled uniformly
+    assert ids == [r["id"] for r in other_seed.rows], "the pool does not depend on the run's seed"
+    assert [r["id"] for r in small.rows] == ids[:64]
+    counts = {lvl: sum(r["level"] == lvl for r in big.rows) for lvl in (2, 3, 4, 5)}
+    assert all(40 <= n <= 90 for n in counts.values()), counts  # level weights are uniform: ~64 each
+    # steps draw only from the pool
+    assert {r["id"] for s in range(20) for r in big.sample(0, s, 32)} <= set(ids)
+    weighted = build_prompt_source(DPPOConfig(train_pool_size=100, train_levels=(2, 3), level_weights=(1.0, 0.0)))
+    assert {r["level"] for r in weighted.rows} == {2}, "a level of weight 0 is never in the pool"
+
+
+def test_training_pool_size_errors_say_how_to_fix():
+    with pytest.raises(ConfigError, match="train_pool_size=0: .*at least 1 prompt.*null"):
+        DPPOConfig(train_pool_size=0)
+    with pytest.raises(ConfigError, match=r"train_pool_size=100000: the training set has \d+ prompts; give 1 to"):
+        build_prompt_source(DPPOConfig(train_pool_size=100_000))
+    assert DPPOConfig().with_overrides(["train_pool_size=null"]).train_pool_size is None
