@@ -119,6 +119,19 @@ class BenchPreset:
     runtime: str = ""
 
 
+#: What the CPU comparisons (``demo``, ``cpu-full``) share on top of the tiny-grpo preset: no KL term (beta 0)
+#: for every method. The preset's KL term keeps level 1, which is not trained on, from being forgotten over
+#: 100 steps; the benchmark trains and evaluates levels 2-5 for 60 steps. Without it a completion with
+#: A = 0 has an identically zero loss, so DPPO drops those exactly (``drop_zero_advantage``) and GRPO skips
+#: the reference model's forward: both get cheaper, and what DPPO saves on top is its pruning.
+CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
+#: DPPO's prompt pruning in the CPU comparisons: the lower half of the candidates by history (mean |A|
+#: of their last group; degenerate groups score 0) is kept with probability 0.2 and weighted 5. Chosen
+#: on seed 0 (benchmarks/results/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
+#: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step);
+#: GRESO skips at the same rate.
+CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo": {"prompt_prune_rate": 0.8}, "greso": {"prompt_prune_rate": 0.8}}
+
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
         "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not the methods",
@@ -131,14 +144,16 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         "demo", "GRPO against DPPO on the warm-started tiny model, 30 steps of 16 prompts (what `dppo demo` runs)",
         base="tiny-grpo", methods=("grpo", "dppo"),
         overrides={"train_pool_size": 128, "prompts_per_step": 16, "max_steps": 30, "eval_steps": 10,
-                   "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0},
-        runtime="about 4 minutes on 2 CPU cores, after the warm start"),
+                   "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        method_overrides=CPU_BENCH_METHODS, runtime="about 3 minutes on 2 CPU cores, after the warm start"),
     BenchPreset(
-        "cpu-full", "all five methods on the tiny-grpo setting (KL 0.04), a pool of 256 prompts, 60 steps, two seeds",
+        "cpu-full", "all five methods on the tiny-grpo setting without its KL term, a pool of 256 prompts, "
+                    "60 steps, two seeds",
         base="tiny-grpo",
         overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
-                   "eval_samples": 2, "save_steps": 0},
-        seeds=(0, 1), runtime="about an hour on 2 CPU cores; half that with --seeds 0"),
+                   "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
+        runtime="about 45 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
         "gpu-qwen3", "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
         base="qwen3-math-grpo",
@@ -270,7 +285,8 @@ def _eval_line(record: Mapping[str, Any]) -> str:
             f"greedy {_fmt(record.get('greedy_accuracy'))}")
 
 
-def _ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]) -> None:
+def _ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
+          on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
     """One run of our trainer (grpo, dppo, cppo, greso); evaluations are timed into ``eval_s``."""
     from dppo_core.trainer import DPPOTrainer
 
@@ -283,11 +299,13 @@ def _ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]) -
                 record = evaluate_policy(self.config, self.engine, self.model, self.tokenizer, self.step, preset)
             return {**record, "eval_s": time.perf_counter() - t0}
 
-    def on_record(record: dict[str, Any]) -> None:
+    def log_record(record: dict[str, Any]) -> None:
         if record.get("event") == "eval":
             log(_eval_line(record))
+        if on_record is not None:
+            on_record(record)
 
-    BenchTrainer(config, progress=False, callbacks=[on_record]).train()
+    BenchTrainer(config, progress=False, callbacks=[log_record]).train()
 
 
 def require_trl() -> tuple[type, type]:
@@ -342,7 +360,8 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _trl(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]) -> None:
+def _trl(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
+         on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
     """One run of TRL's GRPOTrainer on ``config``'s model, prompts and rewards, logged like ours."""
     import torch
     from transformers import AutoTokenizer, TrainerCallback
@@ -411,6 +430,8 @@ def _trl(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]) ->
     def emit(record: dict[str, Any], name: str) -> None:
         with open(out / name, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if on_record is not None:
+            on_record(record)
 
     def evaluate(model, step: int) -> None:
         t0 = time.perf_counter()
@@ -469,9 +490,12 @@ def _quiet_transformers_logs():
         hf_logging.set_verbosity(level)
 
 
-def run_method(method: str, config: DPPOConfig, preset: BenchPreset,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None] = print,
+               on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train one method on ``config`` into ``config.output_dir``; return ``{"method", "seed", "elapsed_s", ...}``.
+
+    ``on_record`` is called with every step's metrics and every evaluation (``{"event": "eval", ...}``), as
+    they are logged (a notebook draws live curves with it).
 
     Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``config.json``); checkpoints and the final
     model are removed. ``run.json`` is written last: it marks the run as finished.
@@ -480,9 +504,9 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset,
     (out / "run.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     if method == "trl_grpo":
-        _trl(config, preset, log)
+        _trl(config, preset, log, on_record)
     else:
-        _ours(config, preset, log)
+        _ours(config, preset, log, on_record)
     gc.collect()  # the run's models, optimizer and engine go before the next run starts
     info = {"method": method, "seed": config.seed, "elapsed_s": time.perf_counter() - t0, "machine": describe_machine()}
     for path in out.iterdir():
@@ -501,17 +525,21 @@ def interleaved(methods: Sequence[str], seeds: Sequence[int]) -> list[tuple[str,
     return order
 
 
-def run_bench(name: str, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
+def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
               methods: Sequence[str] | None = None, overrides: Sequence[str] = (), resume: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print,
+              on_record: Callable[[str, int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run bench preset ``name`` into ``output_dir`` and return (and write) ``bench.json``'s content.
 
-    Every configuration is built and validated before the first run starts, so a bad override fails at
-    once. ``resume`` skips runs that finished before (their ``run.json`` exists).
+    ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
+    configuration is built and validated before the first run starts, so a bad override fails at once.
+    ``resume`` skips runs that finished before (their ``run.json`` exists). ``on_record(method, seed,
+    record)`` sees every step's metrics and every evaluation as they are logged.
     """
     import torch
 
-    preset = bench_preset(name)
+    preset = name if isinstance(name, BenchPreset) else bench_preset(name)
+    name = preset.name
     methods = check_methods(methods or preset.methods)
     seeds = tuple(dict.fromkeys(seeds)) if seeds else preset.seeds
     if preset.requires_gpu and not torch.cuda.is_available():
@@ -534,13 +562,14 @@ def run_bench(name: str, output_dir: str | Path, *, seeds: Sequence[int] | None 
             log(f"[{i}/{len(order)}] {m} seed {s}: finished before, kept")
             continue
         log(f"[{i}/{len(order)}] {m} seed {s}: {config.max_steps} steps ...")
-        info = run_method(m, config, preset, log)
+        info = run_method(m, config, preset, log,
+                          None if on_record is None else (lambda r, m=m, s=s: on_record(m, s, r)))
         run = summarize_run(_read_jsonl(Path(config.output_dir) / "metrics.jsonl"),
                             _read_jsonl(Path(config.output_dir) / "eval.jsonl"))
         acc = run["accuracy"]
         log(f"[{i}/{len(order)}] {m} seed {s}: {_duration(run['wall_s'])} of training "
             f"({_duration(info['elapsed_s'])} in all), sampled accuracy {_fmt(acc['before'])} -> {_fmt(acc['after'])}")
-    return write_bench(output_dir, name, methods, seeds)
+    return write_bench(output_dir, preset, methods, seeds)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -741,8 +770,11 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def summarize_bench(output_dir: str | Path, name: str, methods: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
+def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
+                    seeds: Sequence[int]) -> dict[str, Any]:
     """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished)."""
+    preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
+    name = preset.name if preset is not None else name
     output_dir = Path(output_dir)
     methods = check_methods(methods)
     missing = [f"{m}/seed-{s}" for m in methods for s in seeds
@@ -780,8 +812,8 @@ def summarize_bench(output_dir: str | Path, name: str, methods: Sequence[str], s
         "target_fraction_of_grpo": TARGET_FRACTION,
         "methods": aggregated,
         **compare(aggregated),
-        "method_overrides": {m: {**METHOD_OVERRIDES[m], **BENCH_PRESETS[name].method_overrides.get(m, {})}
-                             if name in BENCH_PRESETS else METHOD_OVERRIDES[m] for m in methods},
+        "method_overrides": {m: {**METHOD_OVERRIDES[m], **(preset.method_overrides.get(m, {}) if preset else {})}
+                             for m in methods},
         "configs": configs,
         "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
         "versions": _versions(),
@@ -796,7 +828,8 @@ def summarize_bench(output_dir: str | Path, name: str, methods: Sequence[str], s
     }
 
 
-def write_bench(output_dir: str | Path, name: str, methods: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
+def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
+                seeds: Sequence[int]) -> dict[str, Any]:
     """Summarize the runs, write ``bench.json`` and the plots; return the summary."""
     output_dir = Path(output_dir)
     result = summarize_bench(output_dir, name, methods, seeds)
@@ -845,6 +878,59 @@ def format_table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Markers around the README's results table, which :func:`update_readme` rewrites from a ``bench.json``.
+README_MARKERS = ("<!-- bench:{preset}:start -->", "<!-- bench:{preset}:end -->")
+
+
+def format_markdown(result: Mapping[str, Any], command: str | None = None) -> str:
+    """The results as a Markdown table, one row per method, with the settings and machine under it."""
+    seeds = result["seeds"]
+    lines = ["| method | final accuracy (sampled) | time to target | median step | speedup: step / training / to target "
+             "| token-cost bound | of bound | tokens generated | tokens trained | density |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in result["methods"].items():
+        acc, sp, tokens = m["accuracy"], result["speedup_vs_grpo"][name], m["tokens"]
+        ttt = m["time_to_target_s"]
+        reached = m.get("time_to_target_reached", "")
+        ttt_text = f"{ttt / 60:.1f} min" if ttt is not None else f"not reached ({reached})"
+        spread = f" ± {acc['after_std']:.3f}" if len(seeds) > 1 else ""
+        lines.append(
+            f"| `{name}` | {_fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
+            f"| {_fmt(sp['step_time'], '.2f', 'x')} / {_fmt(sp['wall'], '.2f', 'x')} / {_fmt(sp['time_to_target'], '.2f', 'x')} "
+            f"| {_fmt(result['token_cost_bound'][name], '.2f', 'x')} | {_fmt(result['fraction_of_bound'][name], '.2f')} "
+            f"| {tokens['generated']:,} | {tokens['trained']:,} | {tokens['trained'] / max(1, tokens['row_capacity']):.2f} |")
+    grpo = result["methods"]["grpo"]["accuracy"]
+    lines += ["",
+              f"Preset `{result['preset']}`, seeds {seeds} (means over seeds"
+              + ("; ± is the standard deviation of the final accuracy over seeds" if len(seeds) > 1 else "")
+              + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {_fmt(grpo['before'])} before "
+              f"training. Target: {result['target_accuracy']:.3f}, {result.get('target_fraction_of_grpo', TARGET_FRACTION):.0%} "
+              "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
+              f"Machine: {result['machine']}."]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None) -> bool:
+    """Replace the text between the README's ``bench:PRESET`` markers with :func:`format_markdown`'s table.
+
+    Returns whether the file changed. The markers must be there (one pair), so a table is never appended
+    somewhere unexpected.
+    """
+    readme = Path(readme)
+    start, end = (m.format(preset=result["preset"]) for m in README_MARKERS)
+    text = readme.read_text()
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise BenchError(f"{readme} needs one line {start} and, after it, one line {end} around the results table")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    new = f"{head}{start}\n{format_markdown(result, command)}\n{end}{tail}"
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
 def format_levels(record: Mapping[str, Any]) -> str:
     """Per-level greedy and sampled accuracy of one evaluation record, as a small table."""
     greedy, sampled = _subset_scores(record, "greedy"), _subset_scores(record, "sampled")
@@ -857,10 +943,9 @@ def format_levels(record: Mapping[str, Any]) -> str:
 
 def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
     """``accuracy_vs_step.png``, ``accuracy_vs_time.png`` and ``phases.png`` in ``output_dir``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Figure objects, not pyplot: nothing here touches the caller's backend or its open figures (a
+    # notebook that runs the bench keeps showing its own plots inline)
+    from matplotlib.figure import Figure
 
     output_dir = Path(output_dir)
     colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
@@ -869,7 +954,8 @@ def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
     for fname, key, scale, xlabel in (
             ("accuracy_vs_step.png", "step", 1.0, "step"),
             ("accuracy_vs_time.png", "train_s", 60.0, "training wall-clock (min; evaluation excluded)")):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        fig = Figure(figsize=(6.4, 4.2))
+        ax = fig.subplots()
         for name, m in result["methods"].items():
             pts = [p for p in m["curve"] if p["sampled_accuracy"] is not None]
             x = [p[key] / scale for p in pts]
@@ -887,9 +973,9 @@ def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(output_dir / fname, dpi=110)
-        plt.close(fig)
         written.append(output_dir / fname)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
     names = list(result["methods"])
     bottom = [0.0] * len(names)
     for i, phase in enumerate(PHASES):
@@ -901,7 +987,6 @@ def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(output_dir / "phases.png", dpi=110)
-    plt.close(fig)
     written.append(output_dir / "phases.png")
     return written
 

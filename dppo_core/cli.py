@@ -6,7 +6,9 @@ Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -82,6 +84,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: --seeds takes integers, got {' '.join(args.seeds)}", file=sys.stderr)
         return 2
     output_dir = args.output_dir or Path("runs") / f"bench-{args.preset}"
+    command = _bench_command(args, output_dir, seeds, overrides)
+    previous = output_dir / "bench.json"
+    if args.summarize and previous.is_file():  # a rewrite keeps the command that made the runs
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            command = json.loads(previous.read_text())["command"] or command
     try:
         if args.summarize:
             preset = bench.bench_preset(args.preset)
@@ -92,10 +99,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (bench.BenchError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    result["command"] = command
+    (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
     print()
     print(bench.format_table(result))
     print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
+    if args.readme:
+        try:
+            changed = bench.update_readme(args.readme, result, command)
+        except bench.BenchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.readme}: results table {'rewritten' if changed else 'already up to date'}")
     return 0
+
+
+def _bench_command(args: argparse.Namespace, output_dir: Path, seeds: list[int] | None, overrides: list[str]) -> str:
+    """The ``dppo bench`` command line that makes these runs (stored in bench.json and under the README table)."""
+    parts = ["dppo", "bench", "--preset", args.preset, "--output-dir", str(output_dir)]
+    if seeds:
+        parts += ["--seeds", *map(str, seeds)]
+    if args.methods:
+        parts += ["--methods", *args.methods]
+    return " ".join(shlex.quote(p) for p in [*parts, *overrides])
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -238,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summarize", action="store_true",
                    help="only rewrite bench.json and the plots from the finished runs in the output dir")
     p.add_argument("--list", action="store_true", help="list the bench presets and exit")
+    p.add_argument("--readme", type=Path, default=None, metavar="FILE",
+                   help="also rewrite the results table between FILE's <!-- bench:PRESET:start/end --> markers")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_bench)
 

@@ -821,10 +821,19 @@ class DPPOTrainer:
         from safetensors.torch import load_file
 
         weights = {}
-        for f in sorted((path / "model").glob("*.safetensors")):
-            weights.update(load_file(f))
+        try:
+            for f in sorted((path / "model").glob("*.safetensors")):
+                weights.update(load_file(f))
+        except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
+            raise ConfigError(f"checkpoint {path}: its model weights cannot be read ({type(exc).__name__}: {exc}); "
+                              "delete the checkpoint to resume from the one before") from exc
         if not weights:
             raise ConfigError(f"checkpoint {path} has no model weights (*.safetensors); delete it and resume again")
+        try:  # read before any state is loaded, so a damaged file leaves the trainer as it was
+            optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+        except Exception as exc:
+            raise ConfigError(f"checkpoint {path}: optimizer.pt is missing or cannot be read ({type(exc).__name__}: "
+                              f"{exc}); delete the checkpoint to resume from the one before") from exc
         if self.config.update_mode == "full":
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
             if self.model.config.tie_word_embeddings:  # save_pretrained drops the tied copy
@@ -836,7 +845,7 @@ class DPPOTrainer:
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.model, weights)
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        self.optimizer.load_state_dict(optimizer_state)
         if history is not None:
             self.history = history
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))

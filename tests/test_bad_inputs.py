@@ -292,6 +292,28 @@ def test_checkpoint_without_weights(finished_run, small_model_dir, tmp_path):
                     r"checkpoint .*checkpoint-1 has no model weights \(\*.safetensors\); delete it")
 
 
+def test_checkpoint_truncated_weights(finished_run, small_model_dir, tmp_path):
+    def truncate(ckpt):
+        for f in (ckpt / "model").glob("*.safetensors"):
+            f.write_bytes(f.read_bytes()[:1000])
+
+    _resume_damaged(finished_run, small_model_dir, tmp_path, truncate,
+                    r"checkpoint .*checkpoint-1: its model weights cannot be read .*delete the checkpoint")
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_checkpoint_damaged_optimizer_state(finished_run, small_model_dir, tmp_path, damage):
+    def hurt(ckpt):
+        f = ckpt / "optimizer.pt"
+        if damage == "missing":
+            f.unlink()
+        else:
+            f.write_bytes(f.read_bytes()[:100])
+
+    _resume_damaged(finished_run, small_model_dir, tmp_path, hurt,
+                    r"checkpoint .*checkpoint-1: optimizer.pt is missing or cannot be read .*delete the checkpoint")
+
+
 @pytest.mark.parametrize("text", ['{"records": {"a": {"bogus": 1}}}', '{"records": {"a": {"st'])
 def test_checkpoint_corrupt_prompt_history(finished_run, small_model_dir, tmp_path, text):
     def corrupt(ckpt):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,10 +116,77 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
 
 
 @pytest.mark.slow
+def test_plots_leave_the_callers_matplotlib_backend_alone(smoke, tmp_path):
+    """A notebook that runs the bench keeps its inline backend (plot_bench once switched it to Agg)."""
+    import matplotlib
+
+    _, result, _ = smoke
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        written = bench.plot_bench(result, tmp_path)
+        assert matplotlib.get_backend() == "svg"
+        assert [p.name for p in written] == ["accuracy_vs_step.png", "accuracy_vs_time.png", "phases.png"]
+    finally:
+        matplotlib.use(before)
+
+
+@pytest.mark.slow
 def test_summarize_rewrites_the_same_result_from_the_logs(smoke):
     out, result, _ = smoke
     again = bench.write_bench(out, "cpu-smoke", METHODS, (0, 1))
     assert again["methods"] == result["methods"] and again["fraction_of_bound"] == result["fraction_of_bound"]
+
+
+@pytest.mark.slow
+def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(small_model_dir, tmp_path):
+    """run_bench takes a BenchPreset object (chapter 08 defines one) and streams the records as they are logged."""
+    mine = bench.BenchPreset("mine", "two methods, two steps", base="tiny-grpo", methods=("grpo", "dppo"),
+                             overrides={**BENCH_PRESETS["cpu-smoke"].overrides, "model": str(small_model_dir),
+                                        "max_steps": 2},
+                             method_overrides={"dppo": {"completion_prune_rate": 0.75}})
+    seen = []
+    result = run_bench(mine, tmp_path, log=lambda _: None,
+                       on_record=lambda method, seed, record: seen.append((method, seed, record)))
+    assert result["preset"] == "mine" and set(result["methods"]) == {"grpo", "dppo"}
+    assert result["method_overrides"]["dppo"]["completion_prune_rate"] == 0.75
+    for method in ("grpo", "dppo"):
+        steps = [r["step"] for m, s, r in seen if m == method and r.get("event") != "eval"]
+        evals = [r["step"] for m, s, r in seen if m == method and r.get("event") == "eval"]
+        assert steps == [1, 2] and evals == [0, 1, 2], (method, steps, evals)
+        assert all(s == 0 for m, s, _ in seen)
+    assert json.loads((tmp_path / "bench.json").read_text())["preset"] == "mine"
+
+
+def test_the_readme_results_table_is_generated_from_the_committed_bench_json():
+    """README.md's cpu-full table is format_markdown of benchmarks/results/cpu-full/bench.json, with its command
+    (rewrite it with `dppo bench --preset cpu-full --output-dir benchmarks/results/cpu-full --summarize --readme README.md`)."""
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "benchmarks/results/cpu-full/bench.json").read_text())
+    assert result["preset"] == "cpu-full" and result["command"].startswith("dppo bench --preset cpu-full")
+    start, end = (m.format(preset="cpu-full") for m in bench.README_MARKERS)
+    table = (root / "README.md").read_text().split(start)[1].split(end)[0]
+    assert table.strip() == bench.format_markdown(result, result["command"])
+
+
+def test_update_readme_rewrites_only_between_the_markers_and_needs_them(tmp_path):
+    result = {"preset": "p", "seeds": [0, 1], "target_accuracy": 0.5, "machine": "m",
+              "methods": {"grpo": _method(100, 40, 1, 50, 1000, 1000, median=2.0, ttt=80.0),
+                          "dppo": _method(50, 30, 1, 15, 600, 300, median=1.0, ttt=40.0)}, **{}}
+    for m in result["methods"].values():
+        m["accuracy"] = {"before": 0.4, "after": 0.6, "after_std": 0.01}
+    result.update(compare(result["methods"]))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:p:start -->\nold\n<!-- bench:p:end -->\nrest\n")
+    assert bench.update_readme(readme, result, "dppo bench --preset p")
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- bench:p:start -->\n| method |") and text.endswith("<!-- bench:p:end -->\nrest\n")
+    assert "| `dppo` | 0.600 ± 0.010 | 0.7 min | 1.00 s | 2.00x / 2.00x / 2.00x |" in text
+    assert "Command: `dppo bench --preset p`" in text and "old" not in text
+    assert not bench.update_readme(readme, result, "dppo bench --preset p")   # already up to date
+    readme.write_text("no markers\n")
+    with pytest.raises(BenchError, match="needs one line <!-- bench:p:start -->"):
+        bench.update_readme(readme, result)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -263,7 +331,9 @@ def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, 
 def test_cpu_presets_make_pruning_act_on_recurring_prompts():
     full = method_config(BENCH_PRESETS["cpu-full"], "dppo", 0, "out")
     assert full.pruning == "dppo" and full.prompt_prune_rate > 0 and full.completion_prune_rate > 0 and full.packing
-    assert full.beta == 0.04  # the tiny-grpo setting, KL to the warm start
+    assert full.beta == 0.0  # no KL term: an A = 0 completion has a zero loss and DPPO drops it exactly
+    assert full.drop_zero_advantage and full.prompt_prune_rate == 0.8
+    assert method_config(BENCH_PRESETS["cpu-full"], "greso", 0, "out").prompt_prune_rate == 0.8  # same rate
     # each prompt of the pool comes back every few steps, so its history exists when it is drawn again
     assert full.train_pool_size / full.prompts_per_step <= full.max_steps / 4
 
