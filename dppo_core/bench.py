@@ -153,7 +153,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
                    "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
-        runtime="about 45 minutes on 2 CPU cores; half that with --seeds 0"),
+        runtime="about 36 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
         "gpu-qwen3", "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
         base="qwen3-math-grpo",
