@@ -116,6 +116,23 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
 
 
 @pytest.mark.slow
+def test_cli_records_the_command_and_rewrites_the_readme_table(smoke, tmp_path, capsys):
+    out, result, _ = smoke
+    assert json.loads((out / "bench.json").read_text())["command"] == \
+        f"dppo bench --preset cpu-smoke --output-dir {out} model={result['configs']['grpo']['model']}"
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- bench:cpu-smoke:start -->\n<!-- bench:cpu-smoke:end -->\n")
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--output-dir", str(out), "--summarize",
+                     "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "| `dppo` |" in text and "Command: `dppo bench --preset cpu-smoke" in text   # the runs' command, kept
+    assert "README.md: results table rewritten" in capsys.readouterr().out
+    readme.write_text("no markers\n")
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--output-dir", str(out), "--summarize",
+                     "--readme", str(readme)]) == 2
+
+
+@pytest.mark.slow
 def test_plots_leave_the_callers_matplotlib_backend_alone(smoke, tmp_path):
     """A notebook that runs the bench keeps its inline backend (plot_bench once switched it to Agg)."""
     import matplotlib
