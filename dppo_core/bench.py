@@ -528,13 +528,15 @@ def interleaved(methods: Sequence[str], seeds: Sequence[int]) -> list[tuple[str,
 def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
               methods: Sequence[str] | None = None, overrides: Sequence[str] = (), resume: bool = False,
               log: Callable[[str], None] = print,
-              on_record: Callable[[str, int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              on_record: Callable[[str, int, dict[str, Any]], None] | None = None,
+              command: str | None = None) -> dict[str, Any]:
     """Run bench preset ``name`` into ``output_dir`` and return (and write) ``bench.json``'s content.
 
     ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
     configuration is built and validated before the first run starts, so a bad override fails at once.
     ``resume`` skips runs that finished before (their ``run.json`` exists). ``on_record(method, seed,
-    record)`` sees every step's metrics and every evaluation as they are logged.
+    record)`` sees every step's metrics and every evaluation as they are logged. ``command``, the command
+    line that made the runs, is recorded in ``bench.json``.
     """
     import torch
 
@@ -569,7 +571,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
         acc = run["accuracy"]
         log(f"[{i}/{len(order)}] {m} seed {s}: {_duration(run['wall_s'])} of training "
             f"({_duration(info['elapsed_s'])} in all), sampled accuracy {_fmt(acc['before'])} -> {_fmt(acc['after'])}")
-    return write_bench(output_dir, preset, methods, seeds)
+    return write_bench(output_dir, preset, methods, seeds, command=command)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -771,7 +773,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
-                    seeds: Sequence[int]) -> dict[str, Any]:
+                    seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
     """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished)."""
     preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
     name = preset.name if preset is not None else name
@@ -806,6 +808,7 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     trl_args = run_dir(output_dir, "trl_grpo", seeds[0]) / "trl_args.json"
     return {
         "preset": name,
+        "command": command,
         "machine": machine or describe_machine(),
         "seeds": list(seeds),
         "target_accuracy": target,
@@ -829,10 +832,17 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
 
 
 def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
-                seeds: Sequence[int]) -> dict[str, Any]:
-    """Summarize the runs, write ``bench.json`` and the plots; return the summary."""
+                seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
+    """Summarize the runs, write ``bench.json`` and the plots; return the summary.
+
+    Without ``command`` a rewrite keeps the command an earlier ``bench.json`` recorded (the runs' own).
+    """
     output_dir = Path(output_dir)
-    result = summarize_bench(output_dir, name, methods, seeds)
+    previous = output_dir / "bench.json"
+    if command is None and previous.is_file():
+        with contextlib.suppress(ValueError, AttributeError):
+            command = json.loads(previous.read_text()).get("command")
+    result = summarize_bench(output_dir, name, methods, seeds, command)
     (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
     plot_bench(result, output_dir)
     return result

@@ -6,7 +6,6 @@ Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`b
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import sys
@@ -51,7 +50,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides.append(f"eval_problems_per_level={args.n_per_level}")
     if args.samples is not None:
         overrides.append(f"eval_samples={args.samples}")
-    result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides)
+    command = " ".join(["dppo", "demo", "--output-dir", shlex.quote(str(args.output_dir)), "--seed", str(args.seed),
+                        *(["--n-per-level", str(args.n_per_level)] if args.n_per_level is not None else []),
+                        *(["--samples", str(args.samples)] if args.samples is not None else [])])
+    result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides, command=command)
     before = _first_eval(args.output_dir / "runs" / "grpo" / f"seed-{args.seed}" / "eval.jsonl")
     if before:
         print("\nthe warm-started model on held-out problems (accuracy per level, before training)")
@@ -84,29 +86,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: --seeds takes integers, got {' '.join(args.seeds)}", file=sys.stderr)
         return 2
     output_dir = args.output_dir or Path("runs") / f"bench-{args.preset}"
-    command = _bench_command(args, output_dir, seeds, overrides)
-    previous = output_dir / "bench.json"
-    if args.summarize and previous.is_file():  # a rewrite keeps the command that made the runs
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            command = json.loads(previous.read_text())["command"] or command
     try:
-        if args.summarize:
+        if args.summarize:  # keeps the command the runs recorded
             preset = bench.bench_preset(args.preset)
             result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds)
         else:
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
-                                     overrides=overrides, resume=args.resume)
+                                     overrides=overrides, resume=args.resume,
+                                     command=_bench_command(args, output_dir, seeds, overrides))
     except (bench.BenchError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result["command"] = command
-    (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
     print()
     print(bench.format_table(result))
     print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
     if args.readme:
         try:
-            changed = bench.update_readme(args.readme, result, command)
+            changed = bench.update_readme(args.readme, result, result["command"])
         except bench.BenchError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -163,9 +163,11 @@ def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(
                                         "max_steps": 2},
                              method_overrides={"dppo": {"completion_prune_rate": 0.75}})
     seen = []
-    result = run_bench(mine, tmp_path, log=lambda _: None,
+    result = run_bench(mine, tmp_path, log=lambda _: None, command="python my_experiment.py",
                        on_record=lambda method, seed, record: seen.append((method, seed, record)))
     assert result["preset"] == "mine" and set(result["methods"]) == {"grpo", "dppo"}
+    assert result["command"] == "python my_experiment.py"
+    assert bench.write_bench(tmp_path, mine, ("grpo", "dppo"), (0,))["command"] == "python my_experiment.py"  # kept
     assert result["method_overrides"]["dppo"]["completion_prune_rate"] == 0.75
     for method in ("grpo", "dppo"):
         steps = [r["step"] for m, s, r in seen if m == method and r.get("event") != "eval"]
