@@ -16,8 +16,9 @@ level  form                  example
 
 Every problem has two reference solutions: a *direct* one (only ``\\boxed{answer}``) and a *worked* one
 that splits the work into easier sub-operations before boxing the answer, e.g.
-``75+72: 75+70=145. 145+2=147. \\boxed{147}``. Level 1 has nothing to split, so its worked solution is
-the direct one.
+``75+72: 75+70=145. 145+2=147. \\boxed{147}``. Level 1 has nothing to split: its worked solution writes
+its one step out (``7+5: 7+5=12. \\boxed{12}``), so every level has both styles and a policy that learns to
+show its work on the hard levels has a reliable worked form on the easy one too.
 
 The train/test split is a pure function of the problem text (a stable hash), so it is the same on every
 machine and for every seed; test problems are never used for training.
@@ -126,7 +127,7 @@ def _mul_steps(a: int, c: int) -> list[str]:
 def _worked_steps(p: Problem) -> list[str]:
     q = p.question
     if p.level == 1:
-        return []
+        return [f"{q}={p.answer}."]
     if p.level in (2, 3):
         a, b = map(int, q.split("+"))
         return _add_steps(a, b)

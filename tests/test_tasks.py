@@ -40,11 +40,14 @@ def test_every_worked_step_is_true_arithmetic(task):
                 assert _eval(lhs) == int(rhs), (p, lhs, rhs)
 
 
-def test_worked_steps_are_shown_from_level_two(task):
+def test_every_level_has_a_worked_and_a_direct_form(task):
     for level in LEVELS:
-        p = task.train(level)[0]
-        assert uses_steps(p.solution("steps")) == (level > 1), p.solution("steps")
-        assert not uses_steps(p.solution("direct"))
+        for p in task.train(level)[:20]:
+            assert uses_steps(p.solution("steps")), p.solution("steps")
+            assert p.solution("steps").startswith(f"{p.question}: ")
+            assert not uses_steps(p.solution("direct"))
+    assert Problem(1, "7+5", 12).solution("steps") == "7+5: 7+5=12. \\boxed{12}"
+    assert Problem(1, "0+0", 0).solution("steps") == "0+0: 0+0=0. \\boxed{0}"
 
 
 def test_split_is_disjoint_fixed_and_about_the_configured_size(task):
@@ -59,12 +62,12 @@ def test_split_is_disjoint_fixed_and_about_the_configured_size(task):
 
 
 def test_levels_span_one_step_to_multi_step(task):
-    """Level 1 needs no intermediate step, levels 2-4 one or two, level 5 the most."""
+    """Level 1 is a single step, levels 2-4 one or two, level 5 the most."""
     mean_steps = []
     for level in LEVELS:
         ps = task.train(level)
         mean_steps.append(sum(p.solution("steps").count("=") for p in ps) / len(ps))
-    assert mean_steps[0] == 0
+    assert mean_steps[0] == 1
     assert all(1 <= m <= 3 for m in mean_steps[1:4]), mean_steps
     assert mean_steps[4] > max(mean_steps[1:4]) and mean_steps[4] >= 3
 
