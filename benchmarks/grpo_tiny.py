@@ -58,9 +58,9 @@ def summarize(output: Path) -> str:
              "(each variant is `dppo train --preset tiny-grpo` plus the overrides shown).", "",
              "Held-out problems of the trained levels (2-5; 200 per level, level 2 has 148): greedy accuracy and "
              "sampled accuracy at T=1 (2 samples per problem), mean over levels ± standard error; "
-             "train time is the sum of step times (evaluation excluded). These runs were made with the presets "
-             "before they gained the KL term (beta 0; each run's config.json holds its exact settings); the "
-             "preset's current setting is in curves-kl-0.04.", "",
+             "train time is the sum of step times (evaluation excluded), 2 CPU cores, one variant at a time on an "
+             "otherwise idle machine. Each run's config.json holds its exact settings; the learning curves of the "
+             "preset over three seeds are in curves-kl-0.04.", "",
              "| variant | overrides | steps | train time | greedy before | greedy after | sampled before | sampled after "
              "| worked-steps share (sampled) | tokens generated | tokens trained |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -108,8 +108,9 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
     runs = sorted(d for d in curves.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / "eval.jsonl").exists())
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     rows = ["| seed | steps | train time | sampled before | after | gain | sampled L2-5 gain | greedy before | after "
-            "| greedy L1 before | after | largest greedy drop (level: drop / SE) | zero-signal groups at step 1 |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| greedy L1 before | after | largest greedy drop (level: drop / SE; < 0: every level rose) | zero-signal groups at step 1 "
+            "| worked-steps share (sampled) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, d in enumerate(runs):
         evals, steps = _read(d / "eval.jsonl"), _read(d / "metrics.jsonl")
         clock = {0: 0.0}
@@ -138,7 +139,24 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
                     f"{100 * (last['sampled_accuracy'] - first['sampled_accuracy']):+.1f} pts | {gain25:+.1f} pts | "
                     f"{first['greedy_accuracy']:.3f} | {last['greedy_accuracy']:.3f} | "
                     f"{first.get('greedy_L1', float('nan')):.3f} | {last.get('greedy_L1', float('nan')):.3f} | "
-                    f"L{lvl}: {drop:+.3f} / {se:.3f} | {steps[0]['zero_std_groups']:.2f} |")
+                    f"L{lvl}: {drop:+.3f} / {se:.3f} | {steps[0]['zero_std_groups']:.2f} | "
+                    f"{first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} |")
+    rows += ["", "Per level: the warm start (step 0) and the end of training; greedy per seed, sampled as the mean over "
+             "seeds; SE is one evaluation's standard error at step 0 (greedy).", "",
+             "| level | held-out problems | greedy at step 0 ± SE | greedy after (per seed) | sampled at step 0 | sampled after |",
+             "|---|---|---|---|---|---|"]
+    all_evals = [_read(d / "eval.jsonl") for d in runs]
+    first0 = all_evals[0][0]
+    per_level = json.loads((runs[0] / "config.json").read_text()).get("eval_problems_per_level", 200)
+    from dppo_core.tasks import ArithmeticTask
+
+    task = ArithmeticTask()
+    for lv in sorted(int(k[len("greedy_L"):]) for k in first0 if k.startswith("greedy_L") and not k.endswith("stderr")):
+        before_sampled = sum(e[0][f"sampled_L{lv}"] for e in all_evals) / len(all_evals)
+        after_sampled = sum(e[-1][f"sampled_L{lv}"] for e in all_evals) / len(all_evals)
+        rows.append(f"| L{lv} | {min(per_level, len(task.test(lv)))} | {first0[f'greedy_L{lv}']:.3f} ± {first0[f'greedy_L{lv}_stderr']:.3f} | "
+                    + " / ".join(f"{e[-1][f'greedy_L{lv}']:.3f}" for e in all_evals)
+                    + f" | {before_sampled:.3f} | {after_sampled:.3f} |")
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training wall-clock (min, 2 CPU cores, evaluation excluded)")
     axes[0].set_ylabel("held-out accuracy, trained levels")
@@ -161,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/tiny-grpo"))
     parser.add_argument("--only", nargs="*", default=None, help="run only these variants")
-    parser.add_argument("--summarize", action="store_true", help="only rewrite summary.md (and curves.md)")
+    parser.add_argument("--summarize", action="store_true", help="only rewrite summary.md from the runs in OUTPUT")
     parser.add_argument("--curves", nargs="*", type=int, default=None, metavar="SEED",
                         help="instead: learning curves of the full-hf variant for these seeds, into OUTPUT/curves")
     parser.add_argument("--curves-name", default="curves", help="subdirectory of OUTPUT for --curves (default curves)")
@@ -179,8 +197,6 @@ def main() -> None:
             if args.only is None or name in args.only:
                 run(name, overrides, args.output)
     print(summarize(args.output))
-    if (args.output / "curves").is_dir():
-        print(plot_curves(args.output / "curves"))
 
 
 if __name__ == "__main__":
