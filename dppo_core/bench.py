@@ -1007,3 +1007,30 @@ def describe_presets() -> str:
     for p in BENCH_PRESETS.values():
         lines.append(f"{p.name}: {p.description}; methods {', '.join(p.methods)}; seeds {list(p.seeds)}; {p.runtime}")
     return "\n".join(lines)
+
+
+#: Where :func:`committed_result` fetches a file when the repository is not checked out (Colab).
+REPOSITORY_RAW_URL = "https://raw.githubusercontent.com/dppo-from-scratch/dppo-from-scratch/main"
+
+
+def committed_result(relative_path: str, start: str | Path | None = None) -> str:
+    """Text of a file committed to the repository, e.g. ``"benchmarks/results/cpu-full/bench.json"``.
+
+    Looks in ``start`` (default: the working directory) and its parents, so a notebook finds the
+    repository's committed results wherever it runs inside a checkout; outside one (Colab: the notebook
+    is opened alone) it downloads the file from the repository on GitHub.
+    """
+    start = Path(start or Path.cwd()).resolve()
+    for base in (start, *start.parents):
+        if (base / relative_path).is_file():
+            return (base / relative_path).read_text()
+    import urllib.request
+
+    url = f"{REPOSITORY_RAW_URL}/{relative_path}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.read().decode()
+    except OSError as err:
+        raise FileNotFoundError(
+            f"{relative_path} is not under {start} or its parents, and {url} could not be read ({err}); "
+            "run from inside a clone of the repository") from err

@@ -472,3 +472,25 @@ def test_training_pool_size_errors_say_how_to_fix():
     with pytest.raises(ConfigError, match=r"train_pool_size=100000: the training set has \d+ prompts; give 1 to"):
         build_prompt_source(DPPOConfig(train_pool_size=100_000))
     assert DPPOConfig().with_overrides(["train_pool_size=null"]).train_pool_size is None
+
+
+def test_committed_result_is_found_from_any_subdirectory_of_the_checkout(tmp_path, monkeypatch):
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "x.json").write_text('{"a": 1}')
+    deep = tmp_path / "notebooks" / "runs"
+    deep.mkdir(parents=True)
+    assert bench.committed_result("benchmarks/results/x.json", start=deep) == '{"a": 1}'
+    monkeypatch.chdir(deep)
+    assert bench.committed_result("benchmarks/results/x.json") == '{"a": 1}'
+
+
+def test_committed_result_outside_a_checkout_downloads_or_names_the_file(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    (remote / "benchmarks").mkdir(parents=True)
+    (remote / "benchmarks" / "y.md").write_text("from the repository")
+    here = tmp_path / "colab"
+    here.mkdir()
+    monkeypatch.setattr(bench, "REPOSITORY_RAW_URL", remote.as_uri())  # file:// stands in for GitHub
+    assert bench.committed_result("benchmarks/y.md", start=here) == "from the repository"
+    with pytest.raises(FileNotFoundError, match="benchmarks/missing.json.*clone of the repository"):
+        bench.committed_result("benchmarks/missing.json", start=here)
