@@ -58,8 +58,8 @@ def summarize(output: Path) -> str:
              "(each variant is `dppo train --preset tiny-grpo` plus the overrides shown).", "",
              "Held-out problems of the trained levels (2-5; 200 per level, level 2 has 148): greedy accuracy and "
              "sampled accuracy at T=1 (2 samples per problem), mean over levels ± standard error; "
-             "train time is the sum of step times (evaluation excluded), 2 CPU cores, one variant at a time on an "
-             "otherwise idle machine. Each run's config.json holds its exact settings; the learning curves of the "
+             "train time is the sum of step times (evaluation excluded), 2 CPU cores, one variant at a time. "
+             "Each run's config.json holds its exact settings; the learning curves of the "
              "preset over three seeds are in curves-kl-0.04.", "",
              "| variant | overrides | steps | train time | greedy before | greedy after | sampled before | sampled after "
              "| worked-steps share (sampled) | tokens generated | tokens trained |",
@@ -164,12 +164,15 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
     fig.suptitle("GRPO on the embedded task (tiny-grpo, full fine-tuning)")
     fig.tight_layout()
     fig.savefig(curves / "curves.png", dpi=110)
+    from dppo_core.bench import describe_machine
+
     extra = f" --curves-name {curves.name} --set " + " ".join(f"'{o}'" for o in overrides) if overrides else ""
     text = ("# GRPO learning curves, three seeds\n\nCommand: `.venv/bin/python benchmarks/grpo_tiny.py --curves 0 1 2 "
             f"--output benchmarks/results/tiny-grpo{extra}`\n\n"
             "Sampled (T=1, 2 samples per problem) and greedy accuracy are means over the levels the preset trains on "
             "(levels 2-5 for the tiny-grpo preset); 200 held-out problems per level (level 1 has 21, level 2 has 148). "
-            "Train time is the sum of step times (evaluation excluded), on 2 CPU cores.\n\n"
+            "Train time is the sum of step times (evaluation excluded). Machine: "
+            f"{describe_machine()}.\n\n"
             "![curves](curves.png)\n\n" + "\n".join(rows) + "\n")
     (curves / "curves.md").write_text(text)
     return text

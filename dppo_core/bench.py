@@ -153,7 +153,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
                    "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
-        runtime="about 36 minutes on 2 CPU cores; half that with --seeds 0"),
+        runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
         "gpu-qwen3", "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
         base="qwen3-math-grpo",
@@ -745,7 +745,7 @@ def compare(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def describe_machine() -> str:
-    """CPU model, CPU count, torch threads and GPU (if any), in one line."""
+    """CPU model, CPU count, torch threads and kernels (the vector ISA they use), GPU (if any), in one line."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -757,7 +757,9 @@ def describe_machine() -> str:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}; {os.cpu_count()} CPUs, torch {torch.get_num_threads()} threads; {gpu}; {platform.system()}"
+    isa = torch.backends.cpu.get_cpu_capability()  # AVX2 / AVX512 / ...: it changes results in the last bits
+    return (f"{cpu}; {os.cpu_count()} CPUs, torch {torch.get_num_threads()} threads, {isa} kernels; {gpu}; "
+            f"{platform.system()}")
 
 
 def _versions() -> dict[str, str | None]:
