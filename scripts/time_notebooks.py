@@ -5,6 +5,9 @@
     .venv/bin/python scripts/time_notebooks.py --write-outputs   # also store the fresh outputs in the notebooks
     .venv/bin/python scripts/time_notebooks.py --no-readme       # only print the table
 
+`make notebooks` runs it with --write-outputs under the Makefile's kernel settings (ATEN_CPU_CAPABILITY,
+MKL_CBWR, ONEDNN_MAX_CPU_ISA): stored outputs must be made with them, since `make test` compares under them.
+
 Each notebook runs in a fresh kernel (nbclient, which jupyterlab's nbconvert brings) with the working
 directory notebooks/, as JupyterLab and nbval run it. The warm-started model should be cached first
 (`make demo` or `dppo build`, with the same $DPPO_CACHE_DIR), or chapter 00 pays the ~5-minute warm start.
