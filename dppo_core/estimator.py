@@ -1,0 +1,251 @@
+"""The pruned-batch estimator: which prompts to roll out, which completions to train on, and with what weight.
+
+One class per selection mode, each with the same small interface, so any GRPO loop (ours, TRL's, verl's,
+a hand-written one) can call it with plain lists and tensors; no trainer, model or engine inside:
+
+    est = make_estimator(config)                       # or e.g. DPPOEstimator(prompt_prune_rate=0.5, ...)
+    ids = draw(est.num_candidates(k))                  # candidate prompt ids for the step (k wanted)
+    sel = est.select(ids, step, size=k)                # before rollout: kept positions, keep probs, |B|
+    ... roll out ids[i] for i in sel.indices (G each), reward, advantages A over whole groups ...
+    w = est.weigh(A, sel, step)                        # after reward: keep mask, weights, normaliser C
+    loss = sum over kept (q, i) of w.weights[q, i] * l_qi(theta), divided by w.num_sequences
+    est.observe([ids[i] for i in sel.indices], rewards, A, step)     # the history prompt pruning reads
+    est.state_dict() / est.load_state_dict(state)      # checkpoint it with the optimizer
+
+The estimator (the full-batch GRPO loss over the candidate window B, and what ``dppo`` trains on):
+
+    L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)          L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i})
+
+with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
+(completions, from |A|) come from :mod:`dppo_core.pruning`; E[L̂(θ)] = L(θ) for every θ fixed before the
+draw, so the loss and its gradient at the step's parameters are unbiased. That is all: the optimizer's
+update is not an unbiased estimate of the full-batch update (AdamW is not linear, gradient-norm clipping
+shrinks heavy-weight draws), and from a second PPO epoch on θ depends on the draw.
+
+Modes (``ESTIMATORS``, chosen once by name): ``none`` (plain GRPO: everything, weight 1), ``dppo``
+(random pruning with importance weights; unbiased as above), and the BIASED baselines ``cppo`` (top-k
+completions by |A|, no weights, normalised by the number kept) and ``greso`` (skip prompts whose last
+group was degenerate, no weights). Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL
+and verl also call "DPPO".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from dppo_core import pruning
+from dppo_core.pruning import PromptHistory
+
+
+@dataclass
+class Selection:
+    """The prompts a step rolls out: positions in the candidate window and their keep probabilities π_q."""
+
+    indices: list[int]  # position of each kept prompt in the window, ascending
+    probs: torch.Tensor  # (len(indices),) float64 π_q of each kept prompt
+    window: int  # |B|: the candidate prompts the step's objective is over (kept or not)
+
+    @property
+    def num_pruned(self) -> int:
+        return self.window - len(self.indices)
+
+
+@dataclass
+class Weighting:
+    """What a step trains on: a keep mask and weights over the rolled-out (P, G) completions, and C."""
+
+    keep: torch.Tensor  # (P, G) bool
+    weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where dropped
+    num_sequences: int  # C / G-free normaliser of the ``grpo`` and ``dr_grpo`` losses (|B|·G for DPPO)
+
+
+def full_selection(size: int) -> Selection:
+    """Every one of ``size`` candidates kept with probability 1."""
+    return Selection(list(range(size)), torch.ones(size, dtype=torch.float64), size)
+
+
+@dataclass
+class Estimator:
+    """``none``: plain GRPO, every prompt and completion, weight 1, normaliser P·G.
+
+    Subclasses override :meth:`prompt_probs` (prompt pruning, before rollout) and/or
+    :meth:`weigh` (completion pruning, after reward). Every mode keeps the prompt history (it costs
+    nothing and lets a run switch modes on resume).
+    """
+
+    name: ClassVar[str] = "none"
+    seed: int = 0  # the pruning draws of step s are a function of (seed, s) only: resumable
+    history_max_age: int | None = None  # forget a prompt's history after this many steps (then: unseen)
+    history: PromptHistory = field(default_factory=PromptHistory)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Estimator:
+        """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names)."""
+        return cls(seed=config.seed, history_max_age=config.history_max_age)
+
+    # --- before rollout ---------------------------------------------------------------------------
+    def num_candidates(self, size: int) -> int:
+        """How many candidate prompts to draw for a step that wants ``size`` (more for dense prompts)."""
+        return size
+
+    def select(self, candidate_ids: list[str], step: int, size: int | None = None) -> Selection:
+        """Which candidates to roll out. ``size``: the prompts per step wanted (default: every candidate)."""
+        return full_selection(len(candidate_ids) if size is None else min(size, len(candidate_ids)))
+
+    # --- after reward -----------------------------------------------------------------------------
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
+        """Keep mask, weights and normaliser for the (P, G) advantages of the rolled-out groups."""
+        p, g = advantages.shape
+        return Weighting(torch.ones(p, g, dtype=torch.bool), torch.ones(p, g, dtype=torch.float64), p * g)
+
+    # --- history ----------------------------------------------------------------------------------
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+        """Record what each rolled-out prompt's group showed (rewards and advantages of shape (P, G))."""
+        self.history.update(prompt_ids, rewards, advantages, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable state (the history's records, and the mode that wrote them)."""
+        return {"mode": self.name, **self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the history (raises ValueError, changing nothing, if ``state`` is not one)."""
+        self.history = PromptHistory.from_state_dict(state)
+
+
+@dataclass
+class PromptPruning(Estimator):
+    """Shared by the modes that prune prompts before rollout: a history-based π_q and an inclusion draw."""
+
+    prompt_prune_rate: float = 0.0
+    fixed_size_sampling: bool = False  # systematic PPS: the same π, a constant count kept
+    dense_prompts: bool = False  # look ahead until ``size`` prompts are expected to be kept
+    prompt_window_factor: int = 4  # at most this many times ``size`` candidates ahead
+
+    def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def num_candidates(self, size: int) -> int:
+        dense = self.dense_prompts and self.prompt_prune_rate > 0
+        return size * self.prompt_window_factor if dense else size
+
+    def select(self, candidate_ids: list[str], step: int, size: int | None = None) -> Selection:
+        dense = size is not None and self.dense_prompts
+        size = len(candidate_ids) if size is None else size
+        if self.prompt_prune_rate == 0:
+            return full_selection(min(size, len(candidate_ids)))
+        ids = list(candidate_ids) if dense else list(candidate_ids[:size])
+        probs = self.prompt_probs(ids, step)
+        window = len(ids)
+        if dense:
+            window = pruning.dense_window(probs, size)
+            probs = self.prompt_probs(ids[:window], step, budget=size)
+        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "prompts"), self.fixed_size_sampling)
+        kept = keep.nonzero().flatten().tolist()
+        return Selection(kept, probs[kept], window)
+
+
+@dataclass
+class DPPOEstimator(PromptPruning):
+    """``dppo``: random prompt and completion pruning, each kept item weighted 1 / (π_q p_qi); C = |B|·G.
+
+    Departures from the paper (Algorithm 1), and why:
+    1. Items are kept by random draws with known probabilities (Bernoulli or systematic PPS), not by a
+       deterministic count: the unbiasedness proof needs random inclusion.
+    2. Keep probabilities have floors (``min_*_keep_prob``): every item with a non-zero loss can be kept.
+    3. ``proportional`` completion scheme by default (p ∝ |A|, the variance-minimising choice for a
+       budget); the paper's rule is ``completion_scheme="paper"``.
+    """
+
+    name: ClassVar[str] = "dppo"
+    completion_prune_rate: float = 0.0
+    prompt_scheme: str = "paper"
+    completion_scheme: str = "proportional"
+    min_prompt_keep_prob: float = 0.1
+    min_completion_keep_prob: float = 0.1
+    drop_zero_advantage: bool = True  # with beta = 0, completions with A = 0 (loss ≡ 0) get p = 0
+    beta: float = 0.0  # the KL weight: with beta > 0 a completion with A = 0 still has a loss
+
+    @classmethod
+    def from_config(cls, config: Any) -> DPPOEstimator:
+        return cls(seed=config.seed, history_max_age=config.history_max_age,
+                   prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
+                   dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor,
+                   completion_prune_rate=config.completion_prune_rate, prompt_scheme=config.prompt_scheme,
+                   completion_scheme=config.completion_scheme, min_prompt_keep_prob=config.min_prompt_keep_prob,
+                   min_completion_keep_prob=config.min_completion_keep_prob,
+                   drop_zero_advantage=config.drop_zero_advantage, beta=config.beta)
+
+    def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
+        return pruning.prompt_keep_probs(self.history, ids, self.prompt_prune_rate, scheme=self.prompt_scheme,
+                                         min_keep_prob=self.min_prompt_keep_prob, step=step,
+                                         max_age=self.history_max_age, budget=budget)
+
+    def completion_probs(self, advantages: torch.Tensor) -> torch.Tensor:
+        """p_qi of shape (P, G); all 1 when nothing is pruned (and no A = 0 completion may be dropped)."""
+        if self.completion_prune_rate > 0 or (self.drop_zero_advantage and self.beta == 0):
+            return pruning.completion_keep_probs(
+                advantages, self.completion_prune_rate, scheme=self.completion_scheme,
+                min_keep_prob=self.min_completion_keep_prob, beta=self.beta, drop_zero=self.drop_zero_advantage)
+        return torch.ones(advantages.shape, dtype=torch.float64)
+
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
+        selection = selection or full_selection(advantages.shape[0])
+        probs = self.completion_probs(advantages)
+        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "completions"),
+                                   self.fixed_size_sampling)
+        weights = pruning.importance_weights(selection.probs, probs, keep)
+        return Weighting(keep, weights, selection.window * advantages.shape[1])
+
+
+@dataclass
+class CPPOEstimator(Estimator):
+    """``cppo`` (BIASED baseline): the top ``G - round(r·G)`` completions of each group by |A|, weight 1,
+    normalised by the number kept (as CPPO trains)."""
+
+    name: ClassVar[str] = "cppo"
+    completion_prune_rate: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: Any) -> CPPOEstimator:
+        return cls(seed=config.seed, history_max_age=config.history_max_age,
+                   completion_prune_rate=config.completion_prune_rate)
+
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
+        keep = pruning.cppo_keep(advantages, self.completion_prune_rate)
+        return Weighting(keep, keep.to(torch.float64), int(keep.sum()))
+
+
+@dataclass
+class GRESOEstimator(PromptPruning):
+    """``greso`` (BIASED baseline): prompts whose last group was degenerate are skipped with probability r;
+    the rest train with weight 1 and normaliser P·G over the kept prompts only."""
+
+    name: ClassVar[str] = "greso"
+
+    @classmethod
+    def from_config(cls, config: Any) -> GRESOEstimator:
+        return cls(seed=config.seed, history_max_age=config.history_max_age,
+                   prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
+                   dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor)
+
+    def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
+        # GRESO has no budget rule: a dense window keeps its skip probabilities as they are
+        return pruning.greso_keep_probs(self.history, ids, self.prompt_prune_rate, step=step,
+                                        max_age=self.history_max_age)
+
+
+ESTIMATORS: dict[str, type[Estimator]] = {
+    cls.name: cls for cls in (Estimator, DPPOEstimator, CPPOEstimator, GRESOEstimator)
+}
+
+
+def make_estimator(config: Any) -> Estimator:
+    """The estimator of ``config.pruning`` (one of :data:`ESTIMATORS`), configured from ``config``."""
+    try:
+        cls = ESTIMATORS[config.pruning]
+    except KeyError:
+        raise ValueError(f"pruning={config.pruning!r}: choose one of {tuple(ESTIMATORS)}") from None
+    return cls.from_config(config)
