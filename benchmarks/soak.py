@@ -97,7 +97,7 @@ def main() -> int:
                                      model_path=trainer.model_path, seed=config.seed,
                                      kv_cache_memory_bytes=args.kv_cache_mib << 20)
     else:
-        engine = trainer._make_engine()
+        engine = trainer.make_engine()
     trainer.engine = WatchedEngine(engine, trainer, args.mismatch_every, mismatch)
     t0 = time.perf_counter()
     result = trainer.train()

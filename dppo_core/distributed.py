@@ -88,6 +88,21 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return out
 
 
+def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[str, float],
+                  info: DistInfo) -> tuple[torch.Tensor, list[int], dict[str, float]]:
+    """Every rank's groups in global (rank) order: rewards (P, G), completion lengths, mean reward per function.
+
+    The one gather of a training step: after it every rank holds the whole step's rewards, computes the
+    same advantages and history, and draws the same completion pruning. Single process: returned as is.
+    """
+    if not info.enabled:
+        return rewards, lengths, reward_means
+    ranks = all_gather_objects((rewards, lengths, reward_means, rewards.shape[0]), info)
+    total = sum(r[3] for r in ranks)
+    means = {k: sum(r[2].get(k, 0.0) * r[3] for r in ranks) / total for k in ranks[0][2]}
+    return torch.cat([r[0] for r in ranks]), [n for r in ranks for n in r[1]], means
+
+
 def all_reduce_max(value: float, info: DistInfo) -> float:
     """The largest ``value`` over ranks (e.g. "did any rank ask to stop?")."""
     if not info.enabled:

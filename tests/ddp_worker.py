@@ -3,8 +3,8 @@
     python tests/ddp_worker.py --config CFG.json --rollouts R.pkl --record --out DIR   (one process)
     torchrun --nproc_per_node 2 tests/ddp_worker.py --config CFG.json --rollouts R.pkl --out DIR
 
-With ``--record`` the completions are generated for real and saved, keyed by (step, position in the step's kept list); without
-it they are replayed from that file, so a data-parallel job trains on exactly the global batch the
+With ``--record`` the completions are generated for real and saved, keyed by (step, position in the step's kept
+list); without it they are replayed from that file, so a data-parallel job trains on exactly the global batch the
 single process trained on (its ranks would otherwise sample other completions). Each rank writes its
 final trainable weights and the step metrics to DIR.
 """
@@ -77,7 +77,7 @@ def main() -> None:
     config = DPPOConfig(**json.loads(args.config.read_text()))
     trainer = DPPOTrainer(config, reward_funcs=[parity_reward], progress=False)
     if args.record:
-        trainer.engine = RecordingEngine(trainer._make_engine(), trainer)
+        trainer.engine = RecordingEngine(trainer.make_engine(), trainer)
     else:
         trainer.engine = ReplayEngine(pickle.loads(args.rollouts.read_bytes()), trainer)
     trainer.engine.sync(trainer.model)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dppo_core.grpo import policy_loss
+from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.packing import (
     PackSequence,
     attention_implementation,
@@ -18,7 +19,6 @@ from dppo_core.packing import (
     pad,
     plan_rows,
 )
-from dppo_core.trainer import completion_logprobs_with_grad
 
 PAD = 0
 

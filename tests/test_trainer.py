@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
-from dppo_core.trainer import DPPOTrainer, completion_logprobs_with_grad
+from dppo_core.trainer import DPPOTrainer
 
 
 def _config(model_dir, out, **kw):
@@ -40,7 +41,8 @@ def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_p
     assert any(not torch.equal(before[k], after[k]) for k in before)
     rows = _lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward_mean", "reward_std", "reward_parity_reward", "zero_std_groups", "completion_length", "clip_fraction", "kl",
+    for key in ("reward_mean", "reward_std", "reward_parity_reward", "zero_std_groups", "completion_length",
+                "clip_fraction", "kl",
                 "grad_norm", "tokens_generated", "tokens_trained", "time_rollout", "time_reward",
                 "time_update", "time_sync"):
         assert key in rows[0], key
@@ -158,7 +160,7 @@ def test_bad_model_path_and_prompt_longer_than_context(small_model_dir, tmp_path
 
 
 def test_a_prompt_longer_than_the_context_names_the_prompt(small_model_dir, tmp_path):
-    from dppo_core.trainer import PromptSource
+    from dppo_core.data import PromptSource
 
     long_row = {"id": "too-long", "prompt": [{"role": "user", "content": "1+" * 400 + "1"}], "answer": "401"}
     trainer = DPPOTrainer(_config(small_model_dir, tmp_path), prompt_source=PromptSource([long_row]),
@@ -168,7 +170,7 @@ def test_a_prompt_longer_than_the_context_names_the_prompt(small_model_dir, tmp_
 
 
 def test_empty_dataset_is_refused():
-    from dppo_core.trainer import PromptSource
+    from dppo_core.data import PromptSource
 
     with pytest.raises(ConfigError, match="empty"):
         PromptSource([])
@@ -241,7 +243,8 @@ def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, 
     assert all(r["tokens_saved_update"] > 0 for r in rows)
     assert all(r["sequences_trained"] <= r["completions_rolled_out"] for r in rows)
     assert any(r["prompts_candidates"] > r["prompts_rolled_out"] for r in rows), rows  # history pruned some prompts
-    assert all(r["prompts_rolled_out"] == 4 for r in rows)  # dense prompts + fixed size: the generation batch stays full
+    # dense prompts + fixed size: the generation batch stays full
+    assert all(r["prompts_rolled_out"] == 4 for r in rows)
     assert len(full.history) > 0
     first = _trainer(_config(small_model_dir, tmp_path / "b", **{**kw, "max_steps": 2}))
     first.prompts.rows, first.prompts.weights = full.prompts.rows, None
@@ -251,7 +254,8 @@ def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, 
     resumed.prompts.rows, resumed.prompts.weights = full.prompts.rows, None
     resumed.train(resume=True)
     assert resumed.history.records == full.history.records
-    assert _metrics_without_times(tmp_path / "a" / "metrics.jsonl") == _metrics_without_times(tmp_path / "b" / "metrics.jsonl")
+    a, b = (_metrics_without_times(tmp_path / name / "metrics.jsonl") for name in ("a", "b"))
+    assert a == b
     for (name, x), y in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
 

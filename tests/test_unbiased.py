@@ -20,10 +20,12 @@ import pytest
 import torch
 
 from dppo_core.config import DPPOConfig
+from dppo_core.data import prompt_key
 from dppo_core.grpo import group_advantages, policy_loss
+from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import HFRollout, RolloutBatch, SamplingConfig
-from dppo_core.trainer import DPPOTrainer, completion_logprobs_with_grad, prompt_key
+from dppo_core.trainer import DPPOTrainer
 
 P, G, MAX_TOKENS = 8, 8, 16
 NUM_COORDS = 2048

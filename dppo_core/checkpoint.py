@@ -1,0 +1,253 @@
+"""Checkpoints and logs on disk, written so that a crash or Ctrl-C never leaves a state that cannot resume.
+
+A checkpoint ``checkpoint-<step>/`` holds the model or adapter (``model/``), the optimizer state, the
+estimator's prompt history and the step with the torch RNG state. It is written to a temp dir and renamed
+into place (atomic); old ones are moved out of sight before they are deleted, so ``--resume`` never picks a
+half-written or half-deleted one. Everything a checkpoint holds is read and checked before any of it is
+applied, so a damaged file raises a :class:`~dppo_core.config.ConfigError` that says which checkpoint to
+delete, and leaves the trainer as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dppo_core.config import ConfigError
+from dppo_core.pruning import PromptHistory
+
+CHECKPOINT_PREFIX = "checkpoint-"
+LOG_FILES = ("metrics.jsonl", "eval.jsonl")
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """The complete checkpoints in ``output_dir``, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for d in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+        if d.is_dir() and (d / "trainer_state.json").is_file() and d.name[len(CHECKPOINT_PREFIX):].isdigit():
+            found.append(d)
+    return sorted(found, key=lambda d: int(d.name[len(CHECKPOINT_PREFIX):]))
+
+
+def remove_stale_temp_dirs(output_dir: Path) -> None:
+    """Temp dirs of a run killed while writing or deleting a checkpoint: never checkpoints, so removed."""
+    for stale in output_dir.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _remove_out_of_sight(path: Path, output_dir: Path) -> None:
+    """Rename ``path`` into a temp dir (one atomic step), then delete it: never half-deleted in place."""
+    trash = Path(tempfile.mkdtemp(prefix=f".tmp-{CHECKPOINT_PREFIX}", dir=output_dir))
+    with contextlib.suppress(OSError):
+        os.rename(path, trash / path.name)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module, tokenizer: Any,
+                    optimizer: torch.optim.Optimizer, state: dict[str, Any], estimator_state: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write ``checkpoint-<step>`` atomically (temp dir, then rename) and keep the newest ``keep``.
+
+    ``state``: JSON-serialisable trainer state (config, model path); the step and torch RNG are added.
+    """
+    from dppo_core.models import quiet_transformers
+
+    target = output_dir / f"{CHECKPOINT_PREFIX}{step}"
+    if target.exists():
+        return target
+    remove_stale_temp_dirs(output_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{CHECKPOINT_PREFIX}", dir=output_dir))
+    try:
+        with quiet_transformers():
+            model.save_pretrained(tmp / "model")
+            tokenizer.save_pretrained(tmp / "model")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "prompt_history.json").write_text(json.dumps(estimator_state))
+        full_state = {"step": step, **state, "torch_rng": torch.get_rng_state().tolist()}
+        (tmp / "trainer_state.json").write_text(json.dumps(full_state))
+        os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    for old in list_checkpoints(output_dir)[:-keep]:
+        _remove_out_of_sight(old, output_dir)
+    return target
+
+
+@dataclass
+class Checkpoint:
+    """Everything a checkpoint holds, read and checked, not yet applied."""
+
+    path: Path
+    step: int
+    torch_rng: list[int]
+    weights: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    estimator_state: dict[str, Any] | None  # None: a checkpoint written before prompt histories were saved
+
+
+def _fail(path: Path, what: str, exc: BaseException) -> ConfigError:
+    return ConfigError(f"checkpoint {path}: {what} ({type(exc).__name__}: {exc}); delete the checkpoint to resume "
+                       "from the one before")
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read and check every file of a checkpoint; a damaged one raises ConfigError naming it."""
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+        step = int(state["step"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"checkpoint {path} is incomplete or corrupt ({exc}); delete it to resume from "
+                          "the one before, or start without --resume") from exc
+    estimator_state = None
+    history_file = path / "prompt_history.json"
+    if history_file.is_file():
+        try:
+            estimator_state = json.loads(history_file.read_text())
+            PromptHistory.from_state_dict(estimator_state)
+        except ValueError as exc:
+            raise ConfigError(f"checkpoint {path}: prompt_history.json is corrupt ({exc}); delete the "
+                              "checkpoint to resume from the one before") from exc
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    try:
+        for f in sorted((path / "model").glob("*.safetensors")):
+            weights.update(load_file(f))
+    except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
+        raise _fail(path, "its model weights cannot be read", exc) from exc
+    if not weights:
+        raise ConfigError(f"checkpoint {path} has no model weights (*.safetensors); delete it and resume again")
+    try:
+        optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+    except Exception as exc:
+        raise _fail(path, "optimizer.pt is missing or cannot be read", exc) from exc
+    return Checkpoint(path, step, state["torch_rng"], weights, optimizer_state, estimator_state)
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], update_mode: str, path: Path) -> None:
+    """Load a checkpoint's weights: the whole model (``full``) or the LoRA adapter (the others)."""
+    if update_mode == "full":
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if model.config.tie_word_embeddings:  # save_pretrained drops the tied copy
+            missing = [m for m in missing if m != "lm_head.weight"]
+        if missing or unexpected:
+            raise ConfigError(f"checkpoint {path} does not match the model (missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}); was it written with another model or update_mode?")
+    else:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, weights)
+
+
+def truncate_logs(output_dir: Path, step: int, final: bool) -> None:
+    """Drop log lines of steps after ``step``, the resumed checkpoint's (they will be run again).
+
+    Also dropped: a line cut off by a crash (a run killed mid-write; it does not parse), and, when the
+    run resumes at its last step (``final``), the final evaluation (it is run again). Records without a
+    step are kept. The file is replaced atomically, so a crash here loses nothing.
+    """
+    for name in LOG_FILES:
+        f = output_dir / name
+        if not f.exists():
+            continue
+        text = f.read_text(errors="replace")
+        kept = []
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # blank, or cut off by a crash
+                continue
+            s = record.get("step") if isinstance(record, dict) else None
+            if isinstance(s, (int, float)) and (s > step or (final and name == "eval.jsonl" and s == step)):
+                continue  # will be run and logged again
+            kept.append(line)
+        new = "".join(line + "\n" for line in kept)
+        if new != text:
+            tmp = f.with_name(f".tmp-{name}")
+            tmp.write_text(new)
+            os.replace(tmp, f)
+
+
+def start_afresh(output_dir: Path) -> None:
+    """A fresh run in ``output_dir``: an earlier run's logs and checkpoints are removed (with a note)."""
+    for name in LOG_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+    stale = list_checkpoints(output_dir)
+    if stale:
+        print(f"starting afresh in {output_dir}: removing {len(stale)} checkpoint(s) of an earlier run "
+              "(use --resume to continue it instead)", flush=True)
+        for old in stale:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """One write of one whole line, handed to the OS at once (the file is closed, hence flushed, per record):
+    a crash loses at most the line being written, and a cut-off last line is dropped on resume."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def save_final(output_dir: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+    """Write ``final/`` (model and tokenizer) atomically: a temp dir, renamed into place."""
+    from dppo_core.models import quiet_transformers
+
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-final-", dir=output_dir))
+    try:
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        target = output_dir / "final"
+        if target.exists():  # out of the way first: "final" is never half-written (at worst absent until resume)
+            old = Path(tempfile.mkdtemp(prefix=".tmp-final-old-", dir=output_dir))
+            os.rename(target, old / "final")
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class StopRequest:
+    """While active (``with stop:``), the first SIGINT/SIGTERM sets ``requested``; a second one aborts.
+
+    The training loop checks ``requested`` after each step, writes a checkpoint and stops, so Ctrl-C
+    always leaves a resumable state; a second Ctrl-C raises ``KeyboardInterrupt`` at once (the last
+    checkpoint written stays valid).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step (press Ctrl-C again to abort without a checkpoint)", flush=True)
+
+    def __enter__(self) -> StopRequest:
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay as they are
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}

@@ -1,0 +1,97 @@
+"""The prompts a training run samples from: the embedded task's or a benchmark's, as rows with an id.
+
+A step's candidate prompts are a function of ``(seed, step)`` only (:meth:`PromptSource.sample`), so a
+resumed run draws what an uninterrupted one would, and every rank of a data-parallel job draws the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.tasks import ArithmeticTask, Problem
+
+
+class PromptSource:
+    """Rows with ``prompt`` (chat messages), ``answer`` and ``id``; a step's prompts are a function of (seed, step)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], weights: Sequence[float] | None = None):
+        if not rows:
+            raise ConfigError("the training dataset is empty: give a task or a jsonl file with at least one row")
+        self.rows = list(rows)
+        self.weights = list(weights) if weights is not None else None
+
+    def sample(self, seed: int, step: int, n: int) -> list[dict[str, Any]]:
+        rng = random.Random(f"prompts:{seed}:{step}")
+        return rng.choices(self.rows, weights=self.weights, k=n)
+
+    def pool(self, size: int) -> PromptSource:
+        """The first ``size`` rows of one fixed weighted shuffle, as a source sampled uniformly.
+
+        The shuffle is a weighted random permutation (Efraimidis-Spirakis keys log(u) / w, largest first)
+        under a fixed seed: the pool is the same for every run seed and method, holds the levels in about
+        the proportions of the weights, and a smaller pool is a prefix of a larger one. Rows of weight 0
+        are never drawn.
+        """
+        weights = self.weights or [1.0] * len(self.rows)
+        eligible = sum(w > 0 for w in weights)
+        if not 1 <= size <= eligible:
+            raise ConfigError(f"train_pool_size={size}: the training set has {eligible} prompts"
+                              f"{' with non-zero weight' if eligible < len(self.rows) else ''}; give 1 to "
+                              f"{eligible}, or null for the whole set")
+        rng = random.Random("train-pool")
+        keys = [math.log(1.0 - rng.random()) / w if w > 0 else -math.inf for w in weights]
+        order = sorted(range(len(self.rows)), key=keys.__getitem__, reverse=True)
+        return PromptSource([self.rows[i] for i in order[:size]])
+
+
+def prompt_key(row: dict[str, Any]) -> str:
+    """The id a prompt's history is stored under: the row's ``id``, else its messages as JSON."""
+    return str(row["id"]) if row.get("id") is not None else json.dumps(row["prompt"], sort_keys=True)
+
+
+def build_prompt_source(config: DPPOConfig) -> PromptSource:
+    """The training prompts of ``config.task``; with ``train_pool_size``, the fixed pool of that many."""
+    if config.task == "arithmetic":
+        task = ArithmeticTask(config.train_levels)
+        rows, weights = [], []
+        level_w = config.level_weights or [1.0] * len(task.levels)
+        for level, w in zip(task.levels, level_w, strict=True):
+            problems: list[Problem] = task.train(level)
+            rows.extend(p.to_record() for p in problems)
+            weights.extend([w / len(problems)] * len(problems))
+        source = PromptSource(rows, weights)
+    else:
+        from dppo_core.benchmark_data import load_benchmark
+
+        records = load_benchmark(config.task)
+        if not records:
+            raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "
+                              "problem/answer row, or task='arithmetic'")
+        rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
+        source = PromptSource(rows)
+    return source.pool(config.train_pool_size) if config.train_pool_size is not None else source
+
+
+def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, context_length: int,
+                         max_completion_length: int, cache: dict[str, int]) -> None:
+    """Refuse a prompt that leaves no room in the model's context for ``max_completion_length`` new tokens.
+
+    ``cache`` maps prompt ids to token counts, so each prompt is tokenised for this check once per run.
+    """
+    from dppo_core.models import encode_prompt
+
+    limit = context_length - max_completion_length
+    for r in rows:
+        key = prompt_key(r)
+        if key not in cache:
+            cache[key] = len(encode_prompt(tokenizer, r["prompt"]))
+        n = cache[key]
+        if n > limit:
+            raise ConfigError(f"prompt {r.get('id')!r} has {n} tokens, more than the model's context "
+                              f"({context_length}) minus max_completion_length ({max_completion_length}); "
+                              "shorten or drop it, or lower max_completion_length")

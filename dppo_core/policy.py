@@ -1,0 +1,120 @@
+"""The trainable policy: a causal LM for full fine-tuning, or a LoRA / QLoRA (bitsandbytes 4/8-bit) adapter on one.
+
+``load_policy`` checks what a user passes (a directory without config.json, an encoder loaded as a causal
+LM) and works around bitsandbytes' CPU 4-bit kernel, which otherwise stops LoRA learning silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dppo_core.config import ConfigError, DPPOConfig
+
+
+def resolve_model_path(config: DPPOConfig) -> str:
+    """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start, built on first use."""
+    if config.model == "tiny":
+        from dppo_core.models import warm_start
+
+        return str(warm_start())
+    path = Path(config.model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model={config.model!r} is a directory without config.json; pass the directory "
+                              "that save_pretrained wrote, a Hub id, or 'tiny'")
+        return str(path)
+    if config.model.startswith((".", "/", "~")):
+        raise ConfigError(f"model={config.model!r} does not exist; pass a model directory, a Hub id, or 'tiny'")
+    return config.model  # a Hub id
+
+
+def disable_4bit_cpu_bf16_path(model: torch.nn.Module) -> int:
+    """Work around bitsandbytes' CPU 4-bit kernel losing autograd after an eval-mode forward.
+
+    bitsandbytes 0.50 repacks 4-bit weights for its AVX512-BF16 inference kernel on the first no-grad
+    forward (e.g. ``generate``); the training path then has no autograd kernel and LoRA silently stops
+    learning. Turning that fast path off on every ``Linear4bit`` keeps training correct. Returns the
+    number of modules changed.
+    """
+    n = 0
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
+
+
+def check_causal(model: torch.nn.Module, model_path: str) -> None:
+    """Refuse a model whose first position sees the second (e.g. BERT loaded as ``BertLMHeadModel``).
+
+    AutoModelForCausalLM accepts some encoders without an error; training one would be silently wrong.
+    """
+    device = next(model.parameters()).device
+    with torch.no_grad():  # one call per sequence: same shapes and kernels, so a causal model gives equal rows
+        first = [model(input_ids=torch.tensor([[1, t]], device=device), use_cache=False).logits[0, 0].float()
+                 for t in (2, 3)]
+    if (first[0] - first[1]).abs().max() > 1e-4 * torch.stack(first).abs().max() + 1e-6:
+        raise ConfigError(f"model={model_path!r} ({type(model).__name__}) is not causal: its output at a position "
+                          "depends on later tokens; pass a decoder-only causal LM (e.g. Qwen3)")
+
+
+def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    """The trainable policy for ``config.update_mode`` and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dppo_core.models import quiet_transformers
+
+    with quiet_transformers():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model={model_path!r}: its tokenizer or config could not be loaded ({exc}); pass "
+                              "a directory written by save_pretrained, a Hub id, or 'tiny'") from exc
+        tokenizer.padding_side = "left"
+        kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16}
+        if config.update_mode in ("qlora4", "qlora8"):
+            from transformers import BitsAndBytesConfig
+
+            if config.update_mode == "qlora4":
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"])
+            else:
+                kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+            if device.type == "cuda":
+                kwargs["device_map"] = {"": device.index or 0}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+        except (OSError, ValueError) as exc:
+            first = str(exc).splitlines()[0]
+            raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {first}; pass a "
+                              "decoder-only model (e.g. Qwen3) saved with save_pretrained, or 'tiny'") from exc
+    if "quantization_config" not in kwargs:
+        model.to(device)
+        check_causal(model, model_path)
+    if config.update_mode == "full":
+        return model, tokenizer
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    if config.update_mode == "qlora4" and device.type == "cpu":
+        disable_4bit_cpu_bf16_path(model)
+    return model, tokenizer
+
+
+
+def load_reference(config: DPPOConfig, model_path: str, device: torch.device) -> torch.nn.Module | None:
+    """A frozen copy of the initial policy for the KL term: only for full fine-tuning with ``beta > 0``.
+
+    With LoRA the reference is the base model with the adapter disabled (no second copy), so None.
+    """
+    if not (config.beta > 0 and config.update_mode == "full"):
+        return None
+    from dppo_core.models import load_model
+
+    ref_model, _ = load_model(model_path, device=device)
+    return ref_model.requires_grad_(False).eval()
