@@ -3,6 +3,9 @@
 Accuracy is the share of completions whose boxed answer equals the problem's answer. With k samples per
 problem it is pass@1 averaged over the k samples. The standard error treats problems as the sampling unit
 (samples of one problem are correlated): ``se = std(per-problem accuracy) / sqrt(n_problems)``.
+
+:func:`evaluate_policy` is the one evaluation of a training run, used by the trainer and by ``dppo bench``
+(also for policies trained by TRL): the record that goes to ``eval.jsonl``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dppo_core.config import DPPOConfig
 
 from dppo_core.rollout import SamplingConfig
 from dppo_core.tasks import ArithmeticTask, Problem, parse_boxed_int, uses_steps
@@ -230,7 +237,7 @@ def evaluate_benchmarks(
         engine: anything with ``generate(prompts, num_generations, sampling)`` returning a
             :class:`~dppo_core.rollout.RolloutBatch` (:class:`~dppo_core.rollout.HFRollout`, or a vLLM engine).
         benchmarks: name -> records (:class:`~dppo_core.benchmark_data.BenchmarkRecord`, from
-            :func:`~dppo_core.tasks.load_benchmark`). Each problem is sent as one chat user message.
+            :func:`~dppo_core.benchmark_data.load_benchmark`). Each problem is sent as one chat user message.
         samples_per_problem: n samples per problem; pass@1 is the mean over them. Every k in ``ks`` must be
             <= n (use ``temperature > 0`` for k > 1, greedy samples are all alike).
         chunk_size: problems per ``generate`` call (the progress bar advances per chunk).
@@ -296,3 +303,74 @@ def evaluate_benchmarks(
         )
     bar.close()
     return BenchmarkEvaluation(results=results, settings=settings, completions=completions)
+
+
+# --------------------------------------------------------------------------------------------------
+# The evaluation of a training run: one record per evaluation, in eval.jsonl
+# --------------------------------------------------------------------------------------------------
+
+
+def evaluate_policy(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequence[str] = (),
+                    benchmark_limit: int | None = None) -> dict[str, Any]:
+    """Greedy and sampled held-out accuracy of the policy behind ``engine``: the record a run logs at ``step``.
+
+    The embedded task (``config.task == "arithmetic"``): the first ``eval_problems_per_level`` test problems
+    of every level in ``eval_levels`` (default ``train_levels``), greedy (one sample) and at T=1
+    (``eval_samples`` samples per problem). ``{kind}_accuracy`` / ``{kind}_stderr`` /
+    ``{kind}_steps_share`` are over the trained levels among them, ``{kind}_L{level}`` and
+    ``{kind}_L{level}_stderr`` per evaluated level, for kind ``greedy`` and ``sampled``.
+
+    Any other task: pass@1 on ``benchmarks`` (their first ``benchmark_limit`` problems each), greedy and at
+    T=1; ``{kind}_accuracy`` is the mean over benchmarks, ``{kind}_<benchmark>`` per benchmark. Without
+    benchmarks the record is only ``{"step": step}``.
+
+    Args:
+        config: the run's configuration (task, levels, problems, samples, generation length, seed).
+        engine: a rollout engine serving the policy (``generate(prompts, num_generations, sampling)``):
+            the run's own, or :class:`~dppo_core.rollout.HFRollout` around a model.
+        step: the optimizer step the policy is at (the record's ``step``).
+    """
+    if config.task == "arithmetic":
+        return _task_record(config, engine, step)
+    if benchmarks:
+        return _benchmark_record(config, engine, step, benchmarks, benchmark_limit)
+    return {"step": step}
+
+
+def _task_record(config: DPPOConfig, engine: Any, step: int) -> dict[str, Any]:
+    c = config
+    levels = c.eval_levels or c.train_levels
+    task = ArithmeticTask(levels)  # built once per evaluation, not once per level
+    problems = [p for lvl in levels for p in task.test(lvl, c.eval_problems_per_level)]
+    greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed)
+    sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
+                            max_tokens=c.max_completion_length, seed=c.seed)
+    record: dict[str, Any] = {"step": step}
+    trained = [lvl for lvl in c.train_levels if lvl in levels] or list(levels)
+    for name, ev in (("greedy", greedy), ("sampled", sampled)):
+        # the headline accuracy is over the trained levels; every evaluated level is logged
+        mean, se = ev.mean_over(trained)
+        record[f"{name}_accuracy"] = mean
+        record[f"{name}_stderr"] = se
+        record[f"{name}_steps_share"] = sum(ev.levels[lvl].steps_share for lvl in trained) / len(trained)
+        for lvl in levels:
+            record[f"{name}_L{lvl}"] = ev.levels[lvl].accuracy
+            record[f"{name}_L{lvl}_stderr"] = ev.levels[lvl].stderr
+    return record
+
+
+def _benchmark_record(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequence[str],
+                      limit: int | None) -> dict[str, Any]:
+    from dppo_core.benchmark_data import load_benchmark
+
+    data = {name: load_benchmark(name, limit=limit) for name in benchmarks}
+    record: dict[str, Any] = {"step": step}
+    for kind, temperature, samples in (("greedy", 0.0, 1), ("sampled", 1.0, config.eval_samples)):
+        ev = evaluate_benchmarks(engine, data, samples_per_problem=samples, temperature=temperature,
+                                 max_tokens=config.max_completion_length, seed=config.seed, progress=False)
+        record[f"{kind}_accuracy"] = ev.average(1)
+        record[f"{kind}_stderr"] = math.sqrt(sum(r.stderr ** 2 for r in ev.results.values())) / len(ev.results)
+        for name, r in ev.results.items():
+            record[f"{kind}_{name}"] = r.pass_at_1
+            record[f"{kind}_{name}_stderr"] = r.stderr
+    return record

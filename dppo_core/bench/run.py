@@ -1,0 +1,174 @@
+"""Running the bench: every configuration built and checked first, then the runs, interleaved over seeds.
+
+Our methods (grpo, dppo, cppo, greso) run in :class:`~dppo_core.trainer.DPPOTrainer`; the TRL peers
+(trl_grpo, trl_dppo) in a TRL trainer class (:mod:`dppo_core.bench.peers`). Both are evaluated by
+:func:`dppo_core.evaluate.evaluate_policy`, timed into ``eval_s`` and kept out of the training time.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dppo_core.bench.peers import TRL_PEERS, peer_trainer_class, run_peer, trl_grpo_args
+from dppo_core.bench.presets import (
+    BENCH_PRESETS,
+    BenchError,
+    BenchPreset,
+    bench_preset,
+    check_methods,
+    method_config,
+    resolve_model_keyword,
+    run_dir,
+)
+from dppo_core.bench.report import _duration, _fmt, describe_machine, write_bench
+from dppo_core.bench.summary import read_jsonl, summarize_run
+from dppo_core.config import DPPOConfig
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation (the same for every method)
+# --------------------------------------------------------------------------------------------------
+
+
+def bench_evaluation(config: DPPOConfig, engine: Any, step: int, preset: BenchPreset) -> dict[str, Any]:
+    """Held-out accuracy of the policy behind ``engine``: :func:`~dppo_core.evaluate.evaluate_policy` on the
+    embedded task, else pass@1 on the preset's ``eval_benchmarks`` (which such a task needs)."""
+    from dppo_core.evaluate import evaluate_policy
+
+    if config.task != "arithmetic" and not preset.eval_benchmarks:
+        raise BenchError(f"task={config.task!r} has no held-out levels; give the bench preset eval_benchmarks")
+    return evaluate_policy(config, engine, step, preset.eval_benchmarks, preset.eval_limit)
+
+
+def eval_line(record: Mapping[str, Any]) -> str:
+    """The log line of one evaluation record."""
+    return (f"    step {record['step']}: sampled accuracy {_fmt(record.get('sampled_accuracy'))}, "
+            f"greedy {_fmt(record.get('greedy_accuracy'))}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Running one method
+# --------------------------------------------------------------------------------------------------
+
+
+def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
+             on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """One run of our trainer (grpo, dppo, cppo, greso); evaluations are timed into ``eval_s``."""
+    from dppo_core.rollout import HFRollout
+    from dppo_core.trainer import DPPOTrainer
+
+    class BenchTrainer(DPPOTrainer):
+        def evaluate(self) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
+            record = bench_evaluation(self.config, engine, self.step, preset)
+            return {**record, "eval_s": time.perf_counter() - t0}
+
+    def log_record(record: dict[str, Any]) -> None:
+        if record.get("event") == "eval":
+            log(eval_line(record))
+        if on_record is not None:
+            on_record(record)
+
+    BenchTrainer(config, progress=False, callbacks=[log_record]).train()
+
+
+def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None] = print,
+               on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train one method on ``config`` into ``config.output_dir``; return ``{"method", "seed", "elapsed_s", ...}``.
+
+    ``on_record`` is called with every step's metrics and every evaluation (``{"event": "eval", ...}``), as
+    they are logged (a notebook draws live curves with it).
+
+    Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``config.json``); checkpoints and the final
+    model are removed. ``run.json`` is written last: it marks the run as finished.
+    """
+    out = Path(config.output_dir)
+    (out / "run.json").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    if method in TRL_PEERS:
+        run_peer(method, config, preset, log, on_record)
+    else:
+        run_ours(config, preset, log, on_record)
+    gc.collect()  # the run's models, optimizer and engine go before the next run starts
+    info = {"method": method, "seed": config.seed, "elapsed_s": time.perf_counter() - t0, "machine": describe_machine()}
+    for path in out.iterdir():
+        if path.is_dir() and (path.name == "final" or path.name.startswith("checkpoint-")):
+            shutil.rmtree(path)
+    (out / "run.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+# --------------------------------------------------------------------------------------------------
+# The bench
+# --------------------------------------------------------------------------------------------------
+
+
+def interleaved(methods: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """The order runs are made in: per seed every method, the order rotated by one from seed to seed."""
+    order = []
+    for k, seed in enumerate(seeds):
+        shift = k % len(methods)
+        order.extend((m, seed) for m in (*methods[shift:], *methods[:shift]))
+    return order
+
+
+def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[int], output_dir: Path,
+                  overrides: Sequence[str] = ()) -> dict[tuple[str, int], DPPOConfig]:
+    """Every run's configuration, checked before the first run starts (a bad override fails at once);
+    ``model: tiny-untrained`` resolved to the built model's directory."""
+    import torch
+
+    if preset.requires_gpu and not torch.cuda.is_available():
+        raise BenchError(f"bench preset {preset.name!r} needs a CUDA GPU (torch sees none here); on a CPU run "
+                         f"{', '.join(n for n, p in BENCH_PRESETS.items() if not p.requires_gpu)}")
+    for m in methods:
+        if m in TRL_PEERS:
+            peer_trainer_class(m)  # TRL and the peer's trainer class can be imported
+    configs = {(m, s): method_config(preset, m, s, output_dir, overrides) for s in seeds for m in methods}
+    for (m, _s), c in configs.items():
+        if m in TRL_PEERS:
+            trl_grpo_args(c, run_dir(output_dir, m, c.seed) / "trl", m)
+    return {k: c.with_overrides({"model": resolve_model_keyword(c.model)}) for k, c in configs.items()}
+
+
+def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
+              methods: Sequence[str] | None = None, overrides: Sequence[str] = (), resume: bool = False,
+              log: Callable[[str], None] = print,
+              on_record: Callable[[str, int, dict[str, Any]], None] | None = None,
+              command: str | None = None) -> dict[str, Any]:
+    """Run bench preset ``name`` into ``output_dir`` and return (and write) ``bench.json``'s content.
+
+    ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
+    configuration is built and validated before the first run starts, so a bad override fails at once.
+    ``resume`` skips runs that finished before (their ``run.json`` exists). ``on_record(method, seed,
+    record)`` sees every step's metrics and every evaluation as they are logged. ``command``, the command
+    line that made the runs, is recorded in ``bench.json``.
+    """
+    preset = name if isinstance(name, BenchPreset) else bench_preset(name)
+    methods = check_methods(methods or preset.methods)
+    seeds = tuple(dict.fromkeys(seeds)) if seeds else preset.seeds
+    output_dir = Path(output_dir)
+    configs = build_configs(preset, methods, seeds, output_dir, overrides)
+    order = interleaved(methods, seeds)
+    log(f"dppo bench {preset.name}: {len(methods)} methods x {len(seeds)} seed(s) = {len(order)} runs into "
+        f"{output_dir} ({preset.runtime})")
+    for i, (m, s) in enumerate(order, 1):
+        config = configs[(m, s)]
+        if resume and (Path(config.output_dir) / "run.json").is_file():
+            log(f"[{i}/{len(order)}] {m} seed {s}: finished before, kept")
+            continue
+        log(f"[{i}/{len(order)}] {m} seed {s}: {config.max_steps} steps ...")
+        info = run_method(m, config, preset, log,
+                          None if on_record is None else (lambda r, m=m, s=s: on_record(m, s, r)))
+        run = summarize_run(read_jsonl(Path(config.output_dir) / "metrics.jsonl"),
+                            read_jsonl(Path(config.output_dir) / "eval.jsonl"))
+        acc = run["accuracy"]
+        log(f"[{i}/{len(order)}] {m} seed {s}: {_duration(run['wall_s'])} of training "
+            f"({_duration(info['elapsed_s'])} in all), sampled accuracy {_fmt(acc['before'])} -> {_fmt(acc['after'])}")
+    return write_bench(output_dir, preset, methods, seeds, command=command)

@@ -1,0 +1,185 @@
+"""Summaries of a bench's runs: pure functions of their logs (``metrics.jsonl``, ``eval.jsonl``).
+
+One run's totals (:func:`summarize_run`), the means over seeds (:func:`aggregate_runs`), the time to
+target (:func:`time_to_target`), and the comparison with grpo (:func:`compare`): speedups, the
+token-cost bound (:func:`token_cost_bound`) and the fraction of it reached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dppo_core.bench.presets import PHASES, BenchError
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``.jsonl`` log, one per non-empty line."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def subset_scores(record: Mapping[str, Any], kind: str) -> dict[str, float]:
+    """Per-level (``sampled_L3`` -> ``"3"``) or per-benchmark (``sampled_math500``) accuracies of an eval record."""
+    out = {}
+    for key, value in record.items():
+        if not key.startswith(f"{kind}_") or key.endswith("_stderr"):
+            continue
+        name = key[len(kind) + 1:]
+        if name in ("accuracy", "stderr", "steps_share"):
+            continue
+        out[name[1:] if re.fullmatch(r"L\d+", name) else name] = value
+    return out
+
+
+def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve.
+
+    ``curve`` has one point per evaluation: its step, the training time up to it (sum of step times)
+    and the sampled and greedy accuracy.
+    """
+    steps = [m for m in metrics if "step_time" in m]
+    if not steps:
+        raise BenchError("a run's metrics.jsonl has no steps; was it interrupted? run it again")
+    times = [m["step_time"] for m in steps]
+    clock = {0: 0.0}
+    total = 0.0
+    for m in steps:
+        total += m["step_time"]
+        clock[m["step"]] = total
+    curve = [{"step": e["step"], "train_s": clock.get(e["step"], total), "sampled_accuracy": e.get("sampled_accuracy"),
+              "greedy_accuracy": e.get("greedy_accuracy")} for e in evals]
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    return {
+        "steps": len(steps),
+        "wall_s": total,
+        "eval_s": sum(e.get("eval_s", 0.0) for e in evals),
+        "step_time_s": {"median": statistics.median(times), "min": min(times), "max": max(times)},
+        "phase_s": {p: sum(m.get(f"time_{p}") or 0.0 for m in steps) for p in PHASES},
+        "tokens": {"generated": sum(m.get("tokens_generated") or 0 for m in steps),
+                   "trained": sum(m.get("tokens_trained") or 0 for m in steps),
+                   "row_capacity": sum(m.get("update_capacity") or 0 for m in steps)},
+        "accuracy": {"before": first.get("sampled_accuracy"), "after": last.get("sampled_accuracy"),
+                     "greedy_before": first.get("greedy_accuracy"), "greedy_after": last.get("greedy_accuracy"),
+                     "per_level_before": subset_scores(first, "sampled"),
+                     "per_level_after": subset_scores(last, "sampled"),
+                     "greedy_per_level_after": subset_scores(last, "greedy")},
+        "curve": curve,
+    }
+
+
+def time_to_target(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
+    """Training time of the first evaluation whose sampled accuracy is at least ``target``; None if none is.
+
+    No interpolation: the answer is resolved to the evaluation cadence.
+    """
+    for point in curve:
+        acc = point.get("sampled_accuracy")
+        if acc is not None and acc >= target:
+            return point["train_s"]
+    return None
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _mean_dict(dicts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Key-wise mean of dicts of numbers (nested dicts recursively; keys missing somewhere are dropped)."""
+    keys = [k for k in dicts[0] if all(k in d for d in dicts)]
+    out: dict[str, Any] = {}
+    for k in keys:
+        values = [d[k] for d in dicts]
+        if isinstance(values[0], Mapping):
+            out[k] = _mean_dict(values)
+        elif all(isinstance(v, (int, float)) for v in values):
+            out[k] = _mean(values)
+        else:
+            out[k] = None
+    return out
+
+
+def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One method's runs (one per seed) -> the means over seeds, in ``bench.json``'s method layout.
+
+    ``after_std`` is the sample standard deviation of the final accuracy over seeds (0 for one seed);
+    ``time_to_target_s`` is the mean over seeds if every seed reached the target, else None.
+    """
+    if not runs:
+        raise BenchError("no runs to aggregate")
+    afters = [r["accuracy"]["after"] for r in runs]
+    accuracy = _mean_dict([r["accuracy"] for r in runs])
+    accuracy["after_std"] = statistics.stdev(afters) if len(afters) > 1 and None not in afters else 0.0
+    ttts = [r.get("time_to_target_s") for r in runs]
+    reached = [t for t in ttts if t is not None]
+    curves = [r["curve"] for r in runs]
+    n_points = min(len(c) for c in curves)
+    curve = []
+    for i in range(n_points):
+        points = [c[i] for c in curves]
+        accs = [p["sampled_accuracy"] for p in points if p["sampled_accuracy"] is not None]
+        curve.append({"step": points[0]["step"], "train_s": _mean([p["train_s"] for p in points]),
+                      "sampled_accuracy": _mean(accs) if accs else None,
+                      "sampled_std": statistics.stdev(accs) if len(accs) > 1 else 0.0})
+    return {
+        "wall_s": _mean([r["wall_s"] for r in runs]),
+        "eval_s": _mean([r["eval_s"] for r in runs]),
+        "steps": round(_mean([r["steps"] for r in runs])),
+        "step_time_s": _mean_dict([r["step_time_s"] for r in runs]),
+        "phase_s": _mean_dict([r["phase_s"] for r in runs]),
+        "tokens": {k: round(v) for k, v in _mean_dict([r["tokens"] for r in runs]).items()},
+        "accuracy": accuracy,
+        "time_to_target_s": _mean(reached) if len(reached) == len(runs) else None,
+        "time_to_target_reached": f"{len(reached)}/{len(runs)}",
+        "curve": curve,
+    }
+
+
+def _ratio(reference: float | None, value: float | None) -> float | None:
+    """reference / value, or None when either is missing or not positive (a speedup needs both)."""
+    if reference is None or value is None or reference <= 0 or value <= 0:
+        return None
+    return reference / value
+
+
+def token_costs(reference: Mapping[str, Any]) -> dict[str, float]:
+    """Per-token costs measured on the reference (grpo): rollout and reward per generated token, update per
+    trained token, and the rest of its training time as a fixed cost (prune, pack, sync, gaps between phases)."""
+    gen, trained = reference["tokens"]["generated"], reference["tokens"]["trained"]
+    phases = reference["phase_s"]
+    costs = {"rollout_s_per_generated_token": phases["rollout"] / gen if gen else 0.0,
+             "reward_s_per_generated_token": phases["reward"] / gen if gen else 0.0,
+             "update_s_per_trained_token": phases["update"] / trained if trained else 0.0}
+    variable = (costs["rollout_s_per_generated_token"] + costs["reward_s_per_generated_token"]) * gen \
+        + costs["update_s_per_trained_token"] * trained
+    costs["fixed_s"] = reference["wall_s"] - variable
+    return costs
+
+
+def token_cost_bound(reference: Mapping[str, Any], method: Mapping[str, Any]) -> float | None:
+    """The speedup over ``reference`` that ``method``'s token counts predict at the reference's per-token costs."""
+    c = token_costs(reference)
+    gen, trained = method["tokens"]["generated"], method["tokens"]["trained"]
+    predicted = (c["rollout_s_per_generated_token"] + c["reward_s_per_generated_token"]) * gen \
+        + c["update_s_per_trained_token"] * trained + c["fixed_s"]
+    return _ratio(reference["wall_s"], predicted)
+
+
+def compare(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Speedups over grpo, the token-cost bound and the fraction of it reached, for every method."""
+    ref = methods["grpo"]
+    speedup, bound, fraction = {}, {}, {}
+    for name, m in methods.items():
+        speedup[name] = {"step_time": _ratio(ref["step_time_s"]["median"], m["step_time_s"]["median"]),
+                         "wall": _ratio(ref["wall_s"], m["wall_s"]),
+                         "time_to_target": _ratio(ref["time_to_target_s"], m["time_to_target_s"])}
+        bound[name] = token_cost_bound(ref, m)
+        wall = speedup[name]["wall"]
+        fraction[name] = wall / bound[name] if wall is not None and bound[name] else None
+    return {"speedup_vs_grpo": speedup, "token_cost_bound": bound, "fraction_of_bound": fraction,
+            "token_costs": token_costs(ref)}
+
+
