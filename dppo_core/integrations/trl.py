@@ -1,0 +1,277 @@
+"""DPPO on Hugging Face TRL: :class:`DPPOGRPOTrainer`, TRL's ``GRPOTrainer`` with pruning.
+
+DPPO here is Dynamic Pruning Policy Optimization: prompts are pruned before rollout, completions after
+reward, and each kept completion is weighted 1 / (π_q p_qi) so that the loss is an unbiased estimate of
+full-batch GRPO's. It is NOT Divergence PPO (arXiv 2602.04879), which TRL (and verl) also call "DPPO".
+
+    from trl import GRPOConfig
+    from dppo_core.estimator import make_estimator
+    from dppo_core.integrations.trl import DPPOGRPOTrainer
+
+    trainer = DPPOGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(..., loss_type="grpo"),
+                              train_dataset=..., processing_class=tokenizer, estimator=make_estimator(config))
+    trainer.train()
+
+Each generation batch (TRL's ``generation_batch_size`` rows: P distinct prompts, G consecutive rows each):
+
+1. before generation, ``estimator.select(ids, step, size=P)`` picks the prompts to roll out (a prompt's id
+   is its row's ``id`` column, else its prompt as JSON); only those reach TRL's generation, reward
+   functions and group advantages;
+2. after them, ``estimator.weigh(A, selection, step)`` on the (P_kept, G) advantages gives a keep mask,
+   weights w and the normaliser C (|B|·G for ``dppo``); completions not kept are dropped from the batch;
+3. ``estimator.observe(...)`` records every rolled-out prompt's rewards and advantages; the estimator's
+   state (and ``estimator_step``) is saved in each TRL checkpoint as ``dppo_estimator.json`` and restored
+   on ``train(resume_from_checkpoint=...)``;
+4. the loss summed over the micro-batches of one generation batch is (1/C) Σ_kept w_qi ℓ_qi(θ) (times
+   steps_per_generation / gradient_accumulation_steps when these differ, as in TRL).
+
+Loss types. ℓ_qi is TRL's loss of one completion; the supported types (:data:`SUPPORTED_LOSS_TYPES`)
+divide by a count of sequences, which becomes the constant C fixed before the draws, so at parameters
+fixed before the draws the loss and its gradient are unbiased estimates of GRPOTrainer's on the whole
+window (KL term included):
+
+* ``grpo``, ``sapo``: ℓ = the token mean of the completion's per-token loss;
+* ``dr_grpo``: ℓ = its token sum / ``max_completion_length``;
+* ``luspo``: ℓ = its token sum.
+
+``bnpo``, ``dapo``, ``cispo`` and ``vespo`` divide by a count of tokens: of the micro-batch (``bnpo``: it
+depends on which completions are kept) or of the rolled-out generation batch (the others: it depends on
+which prompts are kept, and never counts the pruned prompts' tokens). The pruned loss is then a ratio, not
+an unbiased estimate, so they raise a ValueError; ``dr_grpo`` is their constant-normaliser counterpart.
+
+As in :mod:`dppo_core.estimator`, only the loss and gradient at the parameters of the draw are unbiased:
+not AdamW's update, gradient clipping, nor later PPO iterations (``num_iterations > 1``) or later
+optimizer steps on the same generation batch.
+
+Departures from TRL's GRPOTrainer, and why:
+
+1. One process only (a ValueError otherwise): TRL gathers rewards across processes assuming every process
+   rolls out the same number of prompts, which prompt pruning breaks.
+2. Text prompts only (a NotImplementedError on image inputs): dropping completions would have to cut
+   ``pixel_values`` by image grid, which is not row-aligned.
+3. The KL term (beta > 0) is computed here, weighted per completion, as TRL computes it (k3, times the
+   importance ratio when ``use_bias_correction_kl``); TRL adds it inside its per-token loss, where no
+   per-completion weight can reach it. The policy term stays TRL's: each row's advantage is multiplied by
+   its weight w (times the normaliser change), exact because the policy term is linear in a positive
+   scale of A (and TRL's off-policy mask reads only its sign).
+4. Micro-batches of a generation batch hold the kept rows split as evenly as possible (TRL's
+   ``split_tensor_dict`` needs a multiple of ``steps_per_generation`` and drops the remainder), so
+   ``_prepare_inputs`` is re-implemented for training; evaluation is TRL's, unpruned.
+5. ``dense_prompts`` is refused: TRL's sampler draws a fixed generation batch, which is the candidate window.
+   With prompt pruning, ``scale_rewards="batch"`` and ``multi_objective_aggregation="normalize_then_sum"``
+   are refused: their advantages use statistics of the whole rolled-out batch, which pruning changes.
+6. TRL's entropy bonus, auxiliary (router) loss and ``top_entropy_quantile`` mask act on the kept rows of
+   each micro-batch, unweighted: they are outside the unbiasedness claim.
+7. The estimator's ``step`` (its random draws and history ages) counts generation batches
+   (``estimator_step``); under TRL's defaults it equals ``state.global_step``.
+
+Written against trl==1.16.0 (the ``bench`` extra pins it); it overrides these GRPOTrainer internals:
+``_prepare_inputs``, ``_generate_and_score_completions``, ``_calculate_rewards``,
+``_get_per_token_logps_and_entropies``, ``_compute_loss``, ``_save_checkpoint`` and
+``_load_optimizer_and_scheduler``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+try:
+    from trl import GRPOTrainer
+except ImportError as exc:  # trl is an optional extra
+    raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: pip install 'dppo-core[bench]'") from exc
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl.trainer.utils import shuffle_sequence_dict
+
+from dppo_core.estimator import Estimator, PromptPruning
+
+__all__ = ["DPPOGRPOTrainer", "ESTIMATOR_FILE", "SUPPORTED_LOSS_TYPES", "prompt_id"]
+
+SUPPORTED_LOSS_TYPES = ("grpo", "dr_grpo", "sapo", "luspo")
+ESTIMATOR_FILE = "dppo_estimator.json"  # in each checkpoint folder
+
+
+def prompt_id(row: dict[str, Any]) -> str:
+    """A dataset row's prompt id: its ``id`` column if present, else its prompt (text or messages) as JSON."""
+    if row.get("id") is not None:
+        return str(row["id"])
+    return json.dumps(row["prompt"], sort_keys=True, default=str)
+
+
+def _per_row(value: Any) -> bool:
+    return isinstance(value, list) or (isinstance(value, torch.Tensor) and value.ndim > 0)
+
+
+def _take_rows(batch: dict[str, Any], rows: list[int], n: int) -> dict[str, Any]:
+    """The rows ``rows`` of every per-row value (first dimension ``n``) of ``batch``; others as they are."""
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == n:
+            value = value[torch.tensor(rows, dtype=torch.long, device=value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            value = [value[i] for i in rows]
+        out[key] = value
+    return out
+
+
+def _split_rows(batch: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
+    """``batch`` in ``chunks`` consecutive parts of sizes differing by at most one (TRL's: all equal)."""
+    n = len(batch["completion_ids"])
+    bounds = [n * i // chunks for i in range(chunks + 1)]
+    parts = zip(bounds[:-1], bounds[1:], strict=True)
+    return [{k: v[a:b] if _per_row(v) else v for k, v in batch.items()} for a, b in parts]
+
+
+class DPPOGRPOTrainer(GRPOTrainer):
+    """TRL's ``GRPOTrainer`` training on the pruned, importance-weighted batch of ``estimator``.
+
+    Takes GRPOTrainer's arguments plus ``estimator`` (a :class:`dppo_core.estimator.Estimator`; default
+    ``Estimator()``: no pruning, TRL's loss). See the module docstring for what is supported.
+    """
+
+    def __init__(self, *args: Any, estimator: Estimator | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.estimator = Estimator() if estimator is None else estimator
+        self.estimator_step = 0  # generation batches drawn so far: the estimator's step
+        self._rewards: torch.Tensor | None = None  # the last generation batch's rewards, for observe
+        self._logps: torch.Tensor | None = None  # the last log-probs computed with grad, for the KL term
+        self._check_supported()
+
+    def _check_supported(self) -> None:
+        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+            raise ValueError(
+                f"DPPOGRPOTrainer: loss_type={self.loss_type!r} divides by a token count, which pruning changes, so "
+                f"the pruned loss would not estimate the full batch's without bias. Use loss_type='dr_grpo' (the "
+                f"same token-sum loss over a constant normaliser) or 'grpo'; supported: {SUPPORTED_LOSS_TYPES}")
+        if self.accelerator.num_processes > 1:
+            raise ValueError("DPPOGRPOTrainer runs on one process: TRL gathers rewards across processes assuming "
+                             "equal prompt counts, which prompt pruning breaks")
+        if isinstance(self.estimator, PromptPruning) and self.estimator.prompt_prune_rate > 0 and (
+                self.scale_rewards == "batch" or self.multi_objective_aggregation == "normalize_then_sum"):
+            raise ValueError("DPPOGRPOTrainer: with prompt pruning, scale_rewards='batch' and "
+                             "multi_objective_aggregation='normalize_then_sum' compute advantages from the rolled-out "
+                             "prompts only; use scale_rewards='group' or 'none' and 'sum_then_normalize'")
+        size = self.args.generation_batch_size // self.num_generations
+        if self.estimator.num_candidates(size) != size:
+            raise ValueError("DPPOGRPOTrainer: the estimator asks for more candidate prompts than a generation batch "
+                             "holds (dense_prompts); TRL draws a fixed batch: set dense_prompts false")
+
+    # --- generation: prune prompts before it, completions after the rewards -------------------------------
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+            batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
+            self._buffered_inputs = _split_rows(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        g, step = self.num_generations, self.estimator_step
+        groups = [inputs[i:i + g] for i in range(0, len(inputs), g)]
+        ids = [prompt_id(group[0]) for group in groups]
+        selection = self.estimator.select(ids, step, size=len(ids))
+        self.estimator_step += 1
+        kept = [row for i in selection.indices for row in groups[i]]
+        self._metrics["train"]["dppo/prompts_kept"].append(len(selection.indices) / max(1, selection.window))
+        if not kept:  # every prompt pruned: the estimate is 0
+            return self._empty_batch(selection.window * g)
+        batch = super()._generate_and_score_completions(kept)
+        if "pixel_values" in batch:
+            raise NotImplementedError("DPPOGRPOTrainer supports text prompts only (see its departures)")
+        advantages = batch["advantages"].detach().to("cpu", torch.float64).view(-1, g)
+        weighting = self.estimator.weigh(advantages, selection, step)
+        self.estimator.observe([ids[i] for i in selection.indices], self._rewards.view(-1, g), advantages, step)
+        rows = weighting.keep.flatten().nonzero().flatten().tolist()
+        batch = _take_rows(batch, rows, advantages.numel())
+        device = self.accelerator.device
+        batch["dppo_weights"] = weighting.weights.flatten()[rows].to(device)
+        batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64, device=device)
+        self._metrics["train"]["dppo/completions_kept"].append(len(rows) / max(1, advantages.numel()))
+        return batch
+
+    def _empty_batch(self, num_sequences: int) -> dict[str, Any]:
+        device = self.accelerator.device
+        empty = torch.zeros(0, 0, dtype=torch.long, device=device)
+        return {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": empty, "completion_mask": empty,
+                "advantages": torch.zeros(0, device=device), "num_items_in_batch": torch.zeros((), device=device),
+                "dppo_weights": torch.zeros(0, dtype=torch.float64, device=device),
+                "dppo_normalizer": torch.tensor(float(num_sequences), dtype=torch.float64, device=device)}
+
+    def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
+                           completion_ids_list: list[list[int]]) -> torch.Tensor:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        weights = self.reward_weights.to(rewards_per_func.device)
+        self._rewards = (rewards_per_func * weights).nansum(dim=1).detach().to("cpu", torch.float64)
+        return rewards_per_func
+
+    # --- the loss: (S / GA) · (1/C) Σ_kept w ℓ over the micro-batches of a generation batch ----------------
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if torch.is_grad_enabled():  # the loss's forward (generation-time ones run without grad)
+            self._logps = out[0]
+        return out
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        weights = inputs.get("dppo_weights")
+        if weights is None:  # evaluation: TRL's loss, nothing pruned
+            return super()._compute_loss(model, inputs)
+        n = weights.shape[0]
+        if n == 0:  # every completion of this micro-batch was pruned: it adds 0
+            return torch.zeros((), device=self.accelerator.device, requires_grad=True)
+        # TRL divides the micro-batch's sum over rows by n and by GA; the step's loss is (S/GA)·(1/C)·Σ w ℓ
+        factor = weights * (n * self.args.steps_per_generation / inputs["dppo_normalizer"])
+        advantages = inputs["advantages"]
+        scale = factor.to(advantages.dtype).view(-1, *[1] * (advantages.dim() - 1))
+        beta, self.beta = self.beta, 0.0  # TRL's KL term, inside its per-token loss, is added below, weighted
+        try:
+            loss = super()._compute_loss(model, {**inputs, "advantages": advantages * scale})
+        finally:
+            self.beta = beta
+        logps, self._logps = self._logps, None
+        if beta != 0.0:
+            kl = self._kl_per_row(inputs, logps)
+            loss = loss + beta * (factor.to(kl.dtype) * kl).sum() / (n * self.current_gradient_accumulation_steps)
+        return loss
+
+    def _kl_per_row(self, inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor:
+        """Each row's KL term as TRL's ``loss_type`` aggregates it (k3, importance-corrected as TRL's)."""
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        d = inputs["ref_per_token_logps"] - logps
+        kl = torch.exp(d) - d - 1
+        if self.args.use_bias_correction_kl:
+            old = inputs.get("old_per_token_logps")
+            log_ratio = logps - (logps.detach() if old is None else old)
+            if self.importance_sampling_level == "sequence":
+                log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+            kl = kl * torch.exp(log_ratio)
+        self._metrics["train"]["kl"].append(((kl * mask).sum() / mask.sum().clamp(min=1.0)).item())
+        rows = (kl * mask).sum(-1)
+        if self.loss_type in ("grpo", "sapo"):
+            return rows / mask.sum(-1).clamp(min=1.0)
+        if self.loss_type == "dr_grpo":
+            return rows / self.max_completion_length
+        return rows  # luspo
+
+    # --- checkpoints: the estimator's history travels with TRL's ------------------------------------------
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            with open(os.path.join(self._get_output_dir(trial=trial), folder, ESTIMATOR_FILE), "w") as f:
+                json.dump({"estimator_step": self.estimator_step, "estimator": self.estimator.state_dict()}, f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = None if checkpoint is None else os.path.join(checkpoint, ESTIMATOR_FILE)
+        if path is not None and os.path.exists(path):
+            with open(path) as f:
+                state = json.load(f)
+            self.estimator.load_state_dict(state["estimator"])
+            self.estimator_step = state["estimator_step"]
