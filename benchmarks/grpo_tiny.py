@@ -61,7 +61,8 @@ def summarize(output: Path) -> str:
              "train time is the sum of step times (evaluation excluded), 2 CPU cores, one variant at a time. "
              "Each run's config.json holds its exact settings; the learning curves of the "
              "preset over three seeds are in curves-kl-0.04.", "",
-             "| variant | overrides | steps | train time | greedy before | greedy after | sampled before | sampled after "
+             "| variant | overrides | steps | train time | greedy before | greedy after | sampled before "
+             "| sampled after "
              "| worked-steps share (sampled) | tokens generated | tokens trained |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, overrides in VARIANTS.items():
@@ -78,7 +79,8 @@ def summarize(output: Path) -> str:
 
         lines.append(f"| {name} | `{' '.join(overrides) or '-'}` | {len(steps)} | {train_s / 60:.1f} min | "
                      f"{acc(first, 'greedy')} | {acc(last, 'greedy')} | {acc(first, 'sampled')} | "
-                     f"{acc(last, 'sampled')} | {first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} | "
+                     f"{acc(last, 'sampled')} | "
+                     f"{first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} | "
                      f"{sum(s['tokens_generated'] for s in steps):,} | {sum(s['tokens_trained'] for s in steps):,} |")
     lines += ["", "Per level (sampled accuracy, before → after):", "",
               "| variant | " + " | ".join(f"L{lvl}" for lvl in (2, 3, 4, 5)) + " |", "|---|---|---|---|---|"]
@@ -105,10 +107,12 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted(d for d in curves.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / "eval.jsonl").exists())
+    runs = sorted(d for d in curves.iterdir()
+                  if d.is_dir() and not d.name.startswith(".") and (d / "eval.jsonl").exists())
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     rows = ["| seed | steps | train time | sampled before | after | gain | sampled L2-5 gain | greedy before | after "
-            "| greedy L1 before | after | largest greedy drop (level: drop / SE; < 0: every level rose) | zero-signal groups at step 1 "
+            "| greedy L1 before | after | largest greedy drop (level: drop / SE; < 0: every level rose) "
+            "| zero-signal groups at step 1 "
             "| worked-steps share (sampled) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, d in enumerate(runs):
@@ -125,7 +129,8 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
             ax.plot(x, [e["greedy_accuracy"] for e in evals], color=f"C{i}", ls="--", marker="x",
                     label=f"{d.name} greedy")
         first, last = evals[0], evals[-1]
-        levels = sorted(int(k[len("greedy_L"):]) for k in first if k.startswith("greedy_L") and not k.endswith("stderr"))
+        levels = sorted(int(k[len("greedy_L"):]) for k in first
+                        if k.startswith("greedy_L") and not k.endswith("stderr"))
 
         def level_mean(e, kind, lv):
             return sum(e[f"{kind}_L{x}"] for x in lv) / len(lv)
@@ -141,9 +146,10 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
                     f"{first.get('greedy_L1', float('nan')):.3f} | {last.get('greedy_L1', float('nan')):.3f} | "
                     f"L{lvl}: {drop:+.3f} / {se:.3f} | {steps[0]['zero_std_groups']:.2f} | "
                     f"{first['sampled_steps_share']:.2f} → {last['sampled_steps_share']:.2f} |")
-    rows += ["", "Per level: the warm start (step 0) and the end of training; greedy per seed, sampled as the mean over "
-             "seeds; SE is one evaluation's standard error at step 0 (greedy).", "",
-             "| level | held-out problems | greedy at step 0 ± SE | greedy after (per seed) | sampled at step 0 | sampled after |",
+    rows += ["", "Per level: the warm start (step 0) and the end of training; greedy per seed, sampled as the mean "
+             "over seeds; SE is one evaluation's standard error at step 0 (greedy).", "",
+             "| level | held-out problems | greedy at step 0 ± SE | greedy after (per seed) | sampled at step 0 "
+             "| sampled after |",
              "|---|---|---|---|---|---|"]
     all_evals = [_read(d / "eval.jsonl") for d in runs]
     first0 = all_evals[0][0]
@@ -154,7 +160,8 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
     for lv in sorted(int(k[len("greedy_L"):]) for k in first0 if k.startswith("greedy_L") and not k.endswith("stderr")):
         before_sampled = sum(e[0][f"sampled_L{lv}"] for e in all_evals) / len(all_evals)
         after_sampled = sum(e[-1][f"sampled_L{lv}"] for e in all_evals) / len(all_evals)
-        rows.append(f"| L{lv} | {min(per_level, len(task.test(lv)))} | {first0[f'greedy_L{lv}']:.3f} ± {first0[f'greedy_L{lv}_stderr']:.3f} | "
+        rows.append(f"| L{lv} | {min(per_level, len(task.test(lv)))} | "
+                    f"{first0[f'greedy_L{lv}']:.3f} ± {first0[f'greedy_L{lv}_stderr']:.3f} | "
                     + " / ".join(f"{e[-1][f'greedy_L{lv}']:.3f}" for e in all_evals)
                     + f" | {before_sampled:.3f} | {after_sampled:.3f} |")
     axes[0].set_xlabel("step")

@@ -13,16 +13,17 @@ policy loss with the full batch's normaliser, backward, in micro-batches whose g
 optimizer step, so every repeat does the same work):
 
     padded   the trainer's path: sequences sorted by length, ``--micro-batch-size`` per micro-batch,
-             right-padded (``dppo_core.trainer.completion_logprobs_with_grad``)
+             right-padded (``dppo_core.logprobs.completion_logprobs_with_grad``)
     packed   ``dppo_core.packing.pack_micro_batches``: rows of ``--row-tokens`` tokens (one variant per
              value), ``--micro-batch-tokens // row_tokens`` rows per micro-batch, window ``--window``;
              the packing itself is inside the timed region
 
 Repeats run round-robin over the variants (so a change in machine load hits every variant alike) after
 one warm-up pass each; median, min and max seconds are reported, with the speed-up over padded of the
-median and of the minimum (on a busy machine the minimum is the less noisy of the two). Tokens: ``real`` = prompt + completion tokens, ``capacity`` = token slots the forward
-pays for (sum over micro-batches of rows x width), ``density`` = real / capacity. Also checked: the loss
-and every gradient of the packed pass equal the padded pass's.
+median and of the minimum (on a busy machine the minimum is the less noisy of the two). Tokens: ``real`` =
+prompt + completion tokens, ``capacity`` = token slots the forward pays for (sum over micro-batches of rows
+x width), ``density`` = real / capacity. Also checked: the loss and every gradient of the packed pass equal
+the padded pass's.
 
 The density of the kept length distribution as one batch (no micro-batching) is reported as well:
 ``pad`` (one row per sequence, the longest sets the width), the padded micro-batches, and ``pack`` at
@@ -45,12 +46,12 @@ from pathlib import Path
 import torch
 
 from dppo_core.grpo import group_advantages, policy_loss
+from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.models import load_model, warm_start
 from dppo_core.packing import PackSequence, pack, pack_micro_batches, packed_completion_logprobs, pad
 from dppo_core.rewards import accuracy_reward
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.tasks import ArithmeticTask
-from dppo_core.trainer import completion_logprobs_with_grad
 
 
 def pruned_batch(model, tokenizer, args) -> tuple[list[PackSequence], torch.Tensor, int, dict]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from dppo_core import rewards
-from dppo_core.benchmark_data import BOX_INSTRUCTION, EVAL_SUITE, read_jsonl
+from dppo_core.benchmark_data import BOX_INSTRUCTION, EVAL_SUITE, load_benchmark, read_jsonl
 from dppo_core.rewards import (
     extract_answer,
     fast_equivalence,
@@ -31,7 +31,6 @@ from dppo_core.rewards import (
     parse_number,
     symbolic_equivalence,
 )
-from dppo_core.tasks import load_benchmark
 
 
 def data_dir() -> Path:
@@ -135,7 +134,8 @@ def main() -> None:
         math_rewards(completions[:4], hard[:4], num_workers=workers, min_parallel=1)  # start the workers
         rewards._parse.cache_clear()
         _, dt = timed(math_rewards, completions, hard, num_workers=workers, min_parallel=1)
-        batch[f"workers={workers}"] = {"completions": len(hard), "seconds": dt, "per_completion_ms": 1e3 * dt / len(hard)}
+        batch[f"workers={workers}"] = {"completions": len(hard), "seconds": dt,
+                                       "per_completion_ms": 1e3 * dt / len(hard)}
         print(f"batch of {len(hard)} symbolic checks with {workers} worker(s): {dt:.1f} s")
 
     result = {

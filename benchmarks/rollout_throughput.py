@@ -101,7 +101,8 @@ def write_markdown(report: dict, path: Path) -> None:
              "|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         sync = r.get("full_sync_s_median")
-        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['engine']} | {r['tokens_per_s_median']:.0f} | "
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['engine']} | "
+                     f"{r['tokens_per_s_median']:.0f} | "
                      f"{r['tokens_per_s_min']:.0f} - {r['tokens_per_s_max']:.0f} | {r['start_s_median']:.1f} | "
                      f"{'' if sync is None else f'{sync:.3f}'} |")
     m = report["machine"]

@@ -3,8 +3,11 @@
 The public surface others build on:
 
 - :class:`DPPOConfig` and :class:`DPPOTrainer` (``from dppo_core import DPPOConfig, DPPOTrainer``)
-- :mod:`dppo_core.rewards` (``math_reward``, ``extract_answer``), :mod:`dppo_core.tasks`
-  (``load_benchmark``, the embedded task), :mod:`dppo_core.grpo`, :mod:`dppo_core.rollout`
+- :mod:`dppo_core.rewards` (``math_reward``, ``extract_answer``), :mod:`dppo_core.tasks` (the embedded
+  task), :mod:`dppo_core.benchmark_data` (``load_benchmark``), :mod:`dppo_core.grpo`,
+  :mod:`dppo_core.estimator`, :mod:`dppo_core.rollout`
+
+The whole list, and the layers behind it: docs/architecture.md ("Public surface").
 """
 
 __version__ = "0.1.0"

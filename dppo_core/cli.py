@@ -218,6 +218,54 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return exit_code(checks)
 
 
+class _KeepLaidOutText(argparse.HelpFormatter):
+    """argparse's formatter, except that a description or epilog with line breaks is printed as laid out."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _as_override(value: object) -> str:
+    """A default as it would be typed in ``KEY=VALUE`` (YAML)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_as_override(v) for v in value) + "]"
+    return str(value) if value != "" else '""'
+
+
+def config_fields_help(width: int | None = None) -> str:
+    """Every ``DPPOConfig`` field with its default and its documentation, grouped as in the class (``train --help``)."""
+    import dataclasses
+    import re
+    import shutil
+    import textwrap
+
+    from dppo_core.config import DPPOConfig, field_docs, field_groups
+
+    width = width or max(60, min(110, shutil.get_terminal_size().columns - 2))
+    defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(DPPOConfig)}
+    docs = field_docs()
+
+    def plain(doc: str) -> str:  # reStructuredText markup to plain text
+        doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+        return doc.replace("``", "")
+
+    out = textwrap.wrap("config fields: KEY=VALUE (values parsed as YAML), or KEY: VALUE in a --config file. The "
+                        "defaults below are DPPOConfig's; a preset may set others.", width)
+    for group, names in field_groups().items():
+        out += ["", f"{group}:"]
+        for name in names:
+            out.append(f"  {name}={_as_override(defaults[name])}")
+            out += textwrap.wrap(plain(docs.get(name, "")), width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dppo",
@@ -242,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     from dppo_core.bench import BENCH_PRESETS, METHODS
 
     p = sub.add_parser(
-        "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer side by side: bench.json, plots, a table",
+        "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer (plain and with DPPO's pruning) side by side: "
+                      "bench.json, plots, a table",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run every method of a bench preset with the same model, prompts, seed and budget, "
                     "interleaved (round-robin over methods per seed), and write DIR/bench.json, "
@@ -291,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train with GRPO / DPPO from a preset or a YAML config",
                        description="Train with GRPO / DPPO. Any DPPOConfig field can be overridden as key=value "
-                                   "(values parsed as YAML), e.g. `dppo train --preset tiny-grpo learning_rate=3e-5`.")
+                                   "(values parsed as YAML), e.g. `dppo train --preset tiny-grpo learning_rate=3e-5`.",
+                       epilog=config_fields_help(), formatter_class=_KeepLaidOutText)
     p.add_argument("--preset", default=None, help="a preset shipped with the package (default tiny-grpo); "
                                                   "see dppo_core/presets/")
     p.add_argument("--config", type=Path, default=None, help="a YAML file of DPPOConfig fields")

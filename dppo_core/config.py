@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+# The allowed values of the config's enumerated fields, defined here once (torch-free, so this module stays
+# light); dppo_core.grpo and dppo_core.pruning check their arguments against the same tuples.
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
-PRUNING_MODES = ("none", "dppo", "cppo", "greso")
+PRUNING_MODES = ("none", "dppo", "cppo", "greso")  # dppo_core.estimator.ESTIMATORS has one entry per mode
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
+SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
+SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning (prompt_scheme, completion_scheme)
 
 
 class ConfigError(ValueError):
@@ -31,7 +36,7 @@ class DPPOConfig:
     local directory or a Hugging Face Hub id of a causal LM."""
     task: str = "arithmetic"
     """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path with ``problem``
-    and ``answer`` fields (see :func:`dppo_core.tasks.load_benchmark`)."""
+    and ``answer`` fields (see :func:`dppo_core.benchmark_data.load_benchmark`)."""
     train_levels: tuple[int, ...] = (2, 3, 4, 5)
     """Levels of the embedded task to train on (ignored for other tasks)."""
     level_weights: tuple[float, ...] | None = None
@@ -157,6 +162,12 @@ class DPPOConfig:
     """Held-out problems per level for evaluation."""
     eval_samples: int = 4
     """Samples per held-out problem at temperature 1 (sampled accuracy)."""
+    eval_benchmarks: tuple[str, ...] = ()
+    """For a task other than the embedded one: math benchmarks to evaluate on (names such as ``math500``,
+    ``gsm8k``, or jsonl paths; see :func:`dppo_core.benchmark_data.load_benchmark`), pass@1 greedy and
+    sampled, logged in eval.jsonl. Empty: such runs log no accuracy."""
+    eval_benchmark_limit: int | None = None
+    """Evaluate on the first this many problems of each of ``eval_benchmarks``; None: all of them."""
     tensorboard: bool = False
     """Also write TensorBoard scalars (needs the ``tensorboard`` package)."""
     deterministic: bool = True
@@ -164,11 +175,8 @@ class DPPOConfig:
     device: str = "auto"
     """``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``."""
 
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Free-form settings for user extensions; not validated."""
-
     def __post_init__(self) -> None:
-        for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels"):
+        for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels", "eval_benchmarks"):
             value = getattr(self, name)
             if isinstance(value, list):
                 setattr(self, name, tuple(value))
@@ -190,19 +198,20 @@ class DPPOConfig:
         need(self.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
         need(0 < self.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")
         need(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high", "must be > 0 or None")
-        need(self.loss_type in ("grpo", "dr_grpo", "dapo"), "loss_type", "choose one of grpo, dr_grpo, dapo")
-        need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "choose one of group, batch, none")
+        need(self.loss_type in LOSS_TYPES, "loss_type", f"choose one of {', '.join(LOSS_TYPES)}")
+        need(self.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
         need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
         need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
         need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {PRUNING_MODES}")
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
         for name in ("prompt_scheme", "completion_scheme"):
-            need(getattr(self, name) in ("paper", "proportional"), name, "choose paper or proportional")
+            need(getattr(self, name) in SCHEMES, name, f"choose {' or '.join(SCHEMES)}")
         for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
             need(0 < getattr(self, name) <= 1, name,
                  "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")
-        need(self.max_tokens_per_row >= 2, "max_tokens_per_row", "a row must hold at least a prompt token and a completion token")
+        need(self.max_tokens_per_row >= 2, "max_tokens_per_row",
+             "a row must hold at least a prompt token and a completion token")
         need(self.packing_window >= 1, "packing_window", "must be at least 1 (1: next fit in order)")
         need(self.packing_rows_per_micro_batch >= 1, "packing_rows_per_micro_batch", "must be at least 1 row")
         need(self.prompt_window_factor >= 1, "prompt_window_factor", "must be at least 1")
@@ -221,6 +230,8 @@ class DPPOConfig:
         need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
         need(self.train_pool_size is None or self.train_pool_size >= 1, "train_pool_size",
              "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
+        need(self.eval_benchmark_limit is None or self.eval_benchmark_limit >= 1, "eval_benchmark_limit",
+             "evaluate on at least 1 problem per benchmark, or null for all")
         need(self.eval_levels is None or len(self.eval_levels) > 0, "eval_levels",
              "give at least one level, or null for the training levels")
         if self.level_weights is not None:
@@ -246,18 +257,10 @@ class DPPOConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> DPPOConfig:
-        import yaml
-
+        """The configuration a YAML file describes; ``base: PRESET`` in it starts from that preset (see
+        :func:`resolve_yaml`), and the file's own fields replace the preset's."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; pass a YAML file or use --preset NAME")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(resolve_yaml(path), source=str(path))
 
     def with_overrides(self, overrides: list[str] | dict[str, Any]) -> DPPOConfig:
         """A copy with ``key=value`` strings (values parsed as YAML) or a dict applied."""
@@ -293,6 +296,27 @@ def field_docs() -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
+
+
+def field_groups() -> dict[str, list[str]]:
+    """The fields in class order, under the ``# --- group ---`` comment each stands under (``--help``, docs)."""
+    import ast
+    import inspect
+    import re
+
+    source = inspect.getsource(DPPOConfig)
+    lines = source.splitlines()
+    header = re.compile(r"^\s*# -+ (.+?) -+\s*$")
+    groups: dict[str, list[str]] = {}
+    current, seen = "other", 0  # the group, and the source lines read for headers so far
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            for line in lines[seen : node.lineno - 1]:
+                if match := header.match(line):
+                    current = match.group(1).strip()
+            seen = node.lineno
+            groups.setdefault(current, []).append(node.target.id)
+    return groups
 
 
 
@@ -344,7 +368,61 @@ def preset_names() -> list[str]:
 
 def preset(name: str) -> DPPOConfig:
     """A named configuration shipped with the package (``dppo_core/presets/NAME.yaml``)."""
+    return DPPOConfig.from_yaml(_preset_path(name))
+
+
+def preset_overrides(name: str) -> dict[str, Any]:
+    """What preset ``name`` states itself on top of its ``base`` (every field, for a preset without one).
+
+    Keys in the order the file states them, values as the resolved configuration holds them (YAML lists
+    as tuples). ``preset_overrides("tiny-dppo")`` is what DPPO changes on tiny-grpo.
+    """
+    config = preset(name)
+    own = _read_yaml_mapping(_preset_path(name))
+    return {key: getattr(config, key) for key in own if key != BASE_KEY}
+
+
+def _preset_path(name: str) -> Path:
     path = PRESETS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown preset {name!r}; choose one of {preset_names()} or pass --config FILE")
-    return DPPOConfig.from_yaml(path)
+    return path
+
+
+#: The YAML key naming the preset a file starts from (it is not a DPPOConfig field).
+BASE_KEY = "base"
+
+
+def resolve_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config file's fields with its ``base`` resolved: the base preset's fields (resolved the same
+    way, recursively), then the file's own, which replace them. The result has no ``base`` key.
+
+    An unknown base names the presets there are; a chain of bases that comes back to a file is a cycle.
+    """
+    path = Path(path)
+    data = _read_yaml_mapping(path)
+    if BASE_KEY not in data:
+        return data
+    base = data.pop(BASE_KEY)
+    chain = (*_chain, path.resolve())
+    if not isinstance(base, str) or not (PRESETS_DIR / f"{base}.yaml").is_file():
+        raise ConfigError(f"{path}: unknown base preset {base!r}; choose one of {preset_names()}")
+    base_path = (PRESETS_DIR / f"{base}.yaml").resolve()
+    if base_path in chain:
+        cycle = " -> ".join(p.stem for p in (*chain[chain.index(base_path):], base_path))
+        raise ConfigError(f"{path}: the base presets form a cycle ({cycle}); one of them must not name a base")
+    return {**resolve_yaml(base_path, chain), **data}
+
+
+def _read_yaml_mapping(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass a YAML file or use --preset NAME")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
+    return data

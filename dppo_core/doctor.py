@@ -216,7 +216,8 @@ def check_torch() -> Check:
     else:
         parts.append("no CUDA device (CPU is fine for the tiny model and the notebooks)")
         if not torch.version.cuda and shutil.which("nvidia-smi"):
-            status, fix = "WARN", "an NVIDIA GPU seems present: rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
+            status = "WARN"
+            fix = "an NVIDIA GPU seems present: rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
     ok, spec = _in_range("torch", str(version).split("+")[0])
     if ok is False:
         parts.append(f"outside the tested range {spec} (vLLM is built against it)")

@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+from dppo_core.config import LOSS_TYPES, SCALE_REWARDS
 
 
 def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: float = 1e-4) -> torch.Tensor:

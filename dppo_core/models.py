@@ -423,10 +423,8 @@ def warm_start(
             bar = tqdm(range(config.steps), desc="warm start", disable=not progress, mininterval=1.0)
             for step in bar:
                 problems = task.sample_train(rng, config.batch_size, config.level_weights)
-                examples = [
-                    encode_example(tokenizer, p, p.solution("steps" if rng.random() < config.steps_fraction else "direct"))
-                    for p in problems
-                ]
+                styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]
+                examples = [encode_example(tokenizer, p, p.solution(s)) for p, s in zip(problems, styles, strict=True)]
                 batch = pack_examples(examples, config.row_tokens, tokenizer.pad_token_id)
                 for group in opt.param_groups:
                     group["lr"] = _lr_at(step, config)

@@ -33,7 +33,7 @@ Two densities are reported (both 1 for a perfect packing):
                                                                   (an oversize own-row counts its length)
 
 Packing changes nothing but the layout: the per-token log-probs of the packed forward equal those of the
-padded one (:func:`dppo_core.trainer.completion_logprobs_with_grad`) to float tolerance, and so do the
+padded one (:func:`dppo_core.logprobs.completion_logprobs_with_grad`) to float tolerance, and so do the
 loss and its gradient (tests/test_packing.py).
 
 What it saves depends on the attention kernel. With flash attention's variable-length kernel the
@@ -225,7 +225,8 @@ def build_batch(sequences: Sequence[PackSequence], rows: Sequence[Sequence[int]]
         for i in row:
             s = sequences[i]
             p, c = len(s.prompt_ids), len(s.completion_ids)
-            input_ids[r, pos : pos + p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids), dtype=torch.long)
+            tokens = list(s.prompt_ids) + list(s.completion_ids)
+            input_ids[r, pos : pos + p + c] = torch.tensor(tokens, dtype=torch.long)
             position_ids[r, pos : pos + p + c] = torch.arange(p + c)
             seq_ids[r, pos : pos + p + c] = i
             loss_mask[r, pos + p : pos + p + c] = True
@@ -322,7 +323,7 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
                                attention: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each completion, from one forward over the packed rows.
 
-    Same contract as :func:`dppo_core.trainer.completion_logprobs_with_grad`: returns ``(logprobs,
+    Same contract as :func:`dppo_core.logprobs.completion_logprobs_with_grad`: returns ``(logprobs,
     mask)``, both (N, T_c) with N the sequences in input order and T_c the longest completion, float32;
     padding entries are 0 in both (the padded reference leaves arbitrary values under mask 0; only
     ``logprobs * mask`` is comparable). The logits at position t predict token t+1, so completion token k of

@@ -3,8 +3,8 @@
 Pure functions and one small data structure (:class:`PromptHistory`); no trainer state, so other
 frameworks (TRL, verl, OpenRLHF) can call them.
 
-The estimator (DESIGN.md section 4). For a step over candidate prompts B with G completions each,
-full-batch GRPO minimises
+The estimator (docs/architecture.md, "The estimator: mathematics"). For a step over candidate prompts B
+with G completions each, full-batch GRPO minimises
 
     L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)            (C constant, e.g. |B|·G)
 
@@ -13,8 +13,10 @@ completion (q,i) with probability p_{q,i} (decided *after* reward, from |A_{q,i}
 
     L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i}).
 
-Because the draws do not depend on θ, E[L̂(θ)] = L(θ) for every θ — so the gradient is unbiased,
-clipping, KL and several PPO epochs included. Two conditions make this exact:
+Because the draws do not depend on θ, E[L̂(θ)] = L(θ) for every θ fixed before the draw — so the loss and
+its gradient at the step's parameters are unbiased, ratio clipping and KL included. The optimizer's update
+is not: AdamW and gradient-norm clipping are not linear in the gradient, and from a second PPO epoch on the
+parameters depend on the draw. Two conditions make this exact:
 
 1. every item with a non-zero loss has a positive keep probability (floors ``min_keep_prob``); an item
    may get 0 only where ℓ ≡ 0 for every θ (A = 0 and β = 0);
@@ -54,8 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-SCHEMES = ("paper", "proportional")
-
+from dppo_core.config import SCHEMES
 
 # --------------------------------------------------------------------------------------------------
 # Prompt history
@@ -142,7 +143,8 @@ class PromptHistory:
         for h in histories:
             for pid, rec in h.records.items():
                 cur = out.get(pid)
-                if cur is None or (rec.step, rec.seen, rec.mean_abs_advantage) > (cur.step, cur.seen, cur.mean_abs_advantage):
+                if cur is None or ((rec.step, rec.seen, rec.mean_abs_advantage)
+                                   > (cur.step, cur.seen, cur.mean_abs_advantage)):
                     out[pid] = rec
         return cls(out)
 
@@ -324,7 +326,8 @@ def _systematic(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return keep
 
 
-def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None, fixed_size: bool = False) -> torch.Tensor:
+def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None,
+                fixed_size: bool = False) -> torch.Tensor:
     """Draw which items to keep: a bool tensor shaped like ``probs`` (1-D, or 2-D sampled row by row).
 
     ``generator``: the random stream (default: torch's global one); the trainer passes

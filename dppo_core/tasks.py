@@ -266,5 +266,3 @@ def uses_steps(completion: str) -> bool:
     """Whether a completion shows worked steps before its answer (anything but a bare boxed answer)."""
     head = completion.split("\\boxed{", 1)[0]
     return "=" in head
-
-from dppo_core.benchmark_data import BenchmarkRecord, load_benchmark  # noqa: E402,F401

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dppo_core.benchmark_data import load_benchmark
 from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.data import PromptSource, build_prompt_source
 from dppo_core.rollout import Completion, HFRollout, RolloutBatch, RolloutGroup, make_rollout_engine
-from dppo_core.tasks import load_benchmark
-from dppo_core.trainer import DPPOTrainer, PromptSource, build_prompt_source
+from dppo_core.trainer import DPPOTrainer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_inputs.md"
 
@@ -80,7 +81,8 @@ def test_jsonl_missing_field(tmp_path):
 
 
 def test_jsonl_non_utf8_bytes(tmp_path):
-    p = _write(tmp_path / "mine.jsonl", ['{"problem": "1+1", "answer": "2"}', b'{"problem": "\xff\xfe", "answer": "3"}'])
+    p = _write(tmp_path / "mine.jsonl",
+               ['{"problem": "1+1", "answer": "2"}', b'{"problem": "\xff\xfe", "answer": "3"}'])
     with pytest.raises(ValueError, match=r"mine.jsonl:2: not valid UTF-8 .*save the file as UTF-8"):
         load_benchmark(p)
 
@@ -103,7 +105,7 @@ def test_prompt_longer_than_model_context(small_model_dir, tmp_path):
 @pytest.fixture(scope="module")
 def reward_trainer(small_model_dir, tmp_path_factory):
     trainer = _trainer(_config(small_model_dir, tmp_path_factory.mktemp("rewards")))
-    trainer.engine = trainer._make_engine()
+    trainer.engine = trainer.make_engine()
     return trainer
 
 
@@ -198,7 +200,8 @@ def test_invalid_config_value(tmp_path):
 def test_unknown_yaml_key(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("learning_rte: 1.0e-4\nnum_generations: 4\n")
-    with pytest.raises(ConfigError, match=r"run.yaml: unknown key\(s\) 'learning_rte' \(did you mean 'learning_rate'\?\)"):
+    unknown = r"run.yaml: unknown key\(s\) 'learning_rte' \(did you mean 'learning_rate'\?\)"
+    with pytest.raises(ConfigError, match=unknown):
         DPPOConfig.from_yaml(f)
 
 
@@ -211,7 +214,8 @@ def test_model_path_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match=r"model='./no/such/model' does not exist; pass a model directory"):
         _trainer(_config("./no/such/model", tmp_path))
     (tmp_path / "empty-dir").mkdir()
-    with pytest.raises(ConfigError, match="is a directory without config.json; pass the directory that save_pretrained"):
+    with pytest.raises(ConfigError,
+                       match="is a directory without config.json; pass the directory that save_pretrained"):
         _trainer(_config(tmp_path / "empty-dir", tmp_path))
 
 
@@ -320,7 +324,8 @@ def test_checkpoint_corrupt_prompt_history(finished_run, small_model_dir, tmp_pa
         (ckpt / "prompt_history.json").write_text(text)
 
     _resume_damaged(finished_run, small_model_dir, tmp_path, corrupt,
-                    r"checkpoint-1: prompt_history.json is corrupt .*delete the checkpoint to resume from the one before")
+                    r"checkpoint-1: prompt_history.json is corrupt .*"
+                    r"delete the checkpoint to resume from the one before")
 
 
 def test_run_killed_mid_write(finished_run, small_model_dir, tmp_path):

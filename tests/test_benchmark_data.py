@@ -7,9 +7,15 @@ import re
 
 import pytest
 
-from dppo_core.benchmark_data import BENCHMARKS, BOX_INSTRUCTION, EVAL_SUITE, BenchmarkRecord, read_jsonl
+from dppo_core.benchmark_data import (
+    BENCHMARKS,
+    BOX_INSTRUCTION,
+    EVAL_SUITE,
+    BenchmarkRecord,
+    load_benchmark,
+    read_jsonl,
+)
 from dppo_core.rewards import extract_answer, math_reward, math_rewards, parse_number
-from dppo_core.tasks import load_benchmark
 
 SIZES = {"gsm8k": 1319, "math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 674}
 

@@ -8,6 +8,7 @@ benchmarks/grpo_tiny.py for the command that makes them), and be made with the p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,30 @@ def test_no_level_loses_more_greedy_accuracy_than_its_standard_error(run):
 def test_the_zero_signal_share_at_the_start_of_rl_is_logged(run):
     share = run["metrics"][0]["zero_std_groups"]
     assert 0 < share < 1  # some groups all right or all wrong, most with signal: what prompt pruning works with
+
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_every_committed_result_says_what_made_it():
+    """benchmarks/README.md ("Where each result came from") names every entry of benchmarks/results with its
+    command, commit, machine and warm start; the archive has a README of its own."""
+    table = (ROOT / "benchmarks" / "README.md").read_text().split("## Where each result came from", 1)[1]
+    for entry in sorted(RESULTS.iterdir()):
+        name = entry.stem.split(".")[0] if entry.is_file() else entry.name
+        assert f"`results/{name}" in table, f"benchmarks/README.md does not say what made results/{entry.name}"
+    assert (RESULTS / "archive" / "README.md").is_file()
+
+
+def test_links_to_files_in_the_documentation_resolve():
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "notebooks" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.rglob("*.md"))]
+    broken = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            if not (doc.parent / target.split("#", 1)[0]).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, broken

@@ -15,6 +15,9 @@ from dppo_core.config import ConfigError, DPPOConfig, field_docs, preset, preset
         ("update_mode", "qlora3", "qlora4"),
         ("epsilon", 1.5, "(0, 1)"),
         ("level_weights", (1.0,), "one per train level"),
+        ("scale_rewards", "std", "group, batch, none"),
+        ("prompt_scheme", "top-k", "paper or proportional"),
+        ("pruning", "random", "greso"),
     ],
 )
 def test_bad_values_name_the_field_and_the_fix(field, value, fix):
@@ -51,3 +54,103 @@ def test_presets_load_and_every_field_is_documented():
     docs = field_docs()
     missing = [f for f in DPPOConfig.__dataclass_fields__ if f not in docs]
     assert not missing, f"fields without documentation: {missing}"
+
+
+def test_importing_the_config_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dppo_core.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_each_enumeration_is_defined_once_in_the_config():
+    from dppo_core import config, grpo, pruning
+    from dppo_core.estimator import ESTIMATORS
+
+    assert grpo.LOSS_TYPES is config.LOSS_TYPES and grpo.SCALE_REWARDS is config.SCALE_REWARDS
+    assert pruning.SCHEMES is config.SCHEMES
+    assert set(ESTIMATORS) == set(config.PRUNING_MODES)
+
+
+def test_train_help_lists_every_field_with_its_default_and_doc(capsys):
+    from dataclasses import fields
+
+    from dppo_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    listed = [line.strip().split("=", 1)[0] for line in out.splitlines() if line.startswith("  ") and "=" in line
+              and not line.startswith("   ") and not line.strip().startswith(("-", "KEY"))]
+    assert listed == [f.name for f in fields(DPPOConfig)]  # every field, in class order
+    assert "\nmodel and data:\n  model=tiny\n" in out and "  learning_rate=0.0001\n" in out
+    assert "  train_levels=[2, 3, 4, 5]\n" in out and "  epsilon_high=null\n" in out
+    assert "Weight of the k3 KL penalty to the reference policy" in out
+
+
+# --------------------------------------------------------------------------------------------------
+# Preset inheritance: `base: PRESET` in a YAML file
+# --------------------------------------------------------------------------------------------------
+
+#: tiny-dppo.yaml as it was written out in full, before it said `base: tiny-grpo` and only what differs.
+TINY_DPPO_WRITTEN_OUT = {
+    "model": "tiny", "task": "arithmetic", "train_levels": [2, 3, 4, 5], "num_generations": 8, "prompts_per_step": 32,
+    "max_completion_length": 64, "temperature": 1.0, "learning_rate": 1.0e-4, "beta": 0.04, "loss_type": "grpo",
+    "update_mode": "full", "rollout_engine": "hf", "micro_batch_size": 64, "max_steps": 100, "save_steps": 25,
+    "eval_problems_per_level": 200, "eval_samples": 2, "pruning": "dppo", "prompt_prune_rate": 0.5,
+    "prompt_scheme": "paper", "min_prompt_keep_prob": 0.2, "completion_prune_rate": 0.5,
+    "completion_scheme": "proportional", "min_completion_keep_prob": 0.2, "drop_zero_advantage": True,
+    "fixed_size_sampling": True, "output_dir": "runs/tiny-dppo",
+}
+
+
+def test_tiny_dppo_is_tiny_grpo_plus_its_own_fields_and_resolves_as_before():
+    from dppo_core.config import PRESETS_DIR, preset_overrides
+
+    assert preset("tiny-dppo") == DPPOConfig.from_dict(dict(TINY_DPPO_WRITTEN_OUT))
+    assert (PRESETS_DIR / "tiny-dppo.yaml").read_text().count("\nbase: tiny-grpo\n") == 1
+    own = preset_overrides("tiny-dppo")
+    assert list(own) == ["pruning", "prompt_prune_rate", "prompt_scheme", "min_prompt_keep_prob",
+                         "completion_prune_rate", "completion_scheme", "min_completion_keep_prob",
+                         "drop_zero_advantage", "fixed_size_sampling", "output_dir"]  # in the file's order
+    assert preset("tiny-grpo").with_overrides(own) == preset("tiny-dppo")
+    # a preset without a base states every field it sets
+    assert preset_overrides("tiny-grpo")["train_levels"] == (2, 3, 4, 5)
+
+
+def test_a_yaml_file_can_start_from_a_preset_and_change_what_differs(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: tiny-dppo\nmax_steps: 7\nprompt_prune_rate: 0.25\n")
+    config = DPPOConfig.from_yaml(f)
+    assert config == preset("tiny-dppo").with_overrides({"max_steps": 7, "prompt_prune_rate": 0.25})
+    assert config.beta == 0.04  # from tiny-grpo, two bases up
+    assert "base" not in config.to_dict() and "base" not in DPPOConfig.__dataclass_fields__
+    with pytest.raises(ConfigError, match="unknown key.*'base'"):
+        DPPOConfig.from_dict({"base": "tiny-grpo"})  # only YAML files resolve a base
+
+
+def test_unknown_base_and_cycles_of_bases_are_config_errors(tmp_path, monkeypatch):
+    from dppo_core import config
+
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: tiny-gpro\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml: unknown base preset 'tiny-gpro'; choose one of .*tiny-grpo"):
+        DPPOConfig.from_yaml(f)
+    f.write_text("base: [tiny-grpo]\n")
+    with pytest.raises(ConfigError, match="unknown base preset"):
+        DPPOConfig.from_yaml(f)
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "a.yaml").write_text("base: b\nmax_steps: 1\n")
+    (presets / "b.yaml").write_text("base: a\n")
+    (presets / "c.yaml").write_text("base: c\n")
+    (presets / "d.yaml").write_text("base: a\n")
+    monkeypatch.setattr(config, "PRESETS_DIR", presets)
+    with pytest.raises(ConfigError, match=r"cycle \(a -> b -> a\)"):
+        preset("a")
+    with pytest.raises(ConfigError, match=r"cycle \(c -> c\)"):
+        preset("c")
+    with pytest.raises(ConfigError, match=r"d.yaml: the base presets form a cycle|cycle \(a -> b -> a\)"):
+        preset("d")

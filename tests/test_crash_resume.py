@@ -240,7 +240,8 @@ def test_sigkilled_and_resumed_run_equals_uninterrupted(cache_dir, tmp_path):
     assert any(r["sequences_trained"] > 0 and r["update_rows"] > 0 for r in rows)
 
     # the weights: final model and the last checkpoint (weights, optimizer, prompt history) are equal
-    final, ref_final = load_file(out / "final" / "model.safetensors"), load_file(ref_out / "final" / "model.safetensors")
+    final = load_file(out / "final" / "model.safetensors")
+    ref_final = load_file(ref_out / "final" / "model.safetensors")
     assert final.keys() == ref_final.keys()
     for name, tensor in ref_final.items():
         assert torch.equal(final[name], tensor), name

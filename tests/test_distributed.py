@@ -20,7 +20,8 @@ from dppo_core.distributed import DistInfo, all_gather_objects, all_reduce_gradi
 from dppo_core.models import load_model
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="this torch build has no torch.distributed")
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -58,7 +59,8 @@ def _free_port() -> int:
 def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-5000:]}")
     return proc.stdout + proc.stderr
 
 

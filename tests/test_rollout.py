@@ -183,3 +183,23 @@ def test_sampling_config_validation():
         SamplingConfig(max_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0)
+
+
+def test_the_vllm_engine_is_importable_from_rollout_without_importing_vllm():
+    # dppo_core.rollout keeps the engine-independent pieces; VLLMRollout lives in dppo_core.vllm_engine and is
+    # re-exported lazily, and neither module imports vLLM until an engine starts.
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import dppo_core.rollout as r, dppo_core.vllm_engine as v\n"
+            "assert r.VLLMRollout is v.VLLMRollout and r.WeightSyncError is v.WeightSyncError\n"
+            "assert r.checkpoint_weights is v.checkpoint_weights\n"
+            "from dppo_core.rollout import VLLMRollout  # noqa: F401\n"
+            "print('vllm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    import dppo_core.rollout
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        dppo_core.rollout.nothing_here  # noqa: B018

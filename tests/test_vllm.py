@@ -100,7 +100,8 @@ def test_n_samples_per_prompt_with_ids_and_logprobs(engine, base, prompts):
     batch = engine.generate(prompts, G, SamplingConfig(max_tokens=16, temperature=0.7, seed=3))
     assert [len(g.completions) for g in batch.groups] == [G] * len(prompts)
     for g, p in zip(batch.groups, prompts, strict=True):
-        assert g.prompt == p and g.prompt_ids == HFRollout(model, tok).generate([p], 1, SamplingConfig(max_tokens=1)).groups[0].prompt_ids
+        hf_group = HFRollout(model, tok).generate([p], 1, SamplingConfig(max_tokens=1)).groups[0]
+        assert g.prompt == p and g.prompt_ids == hf_group.prompt_ids
         for c in g.completions:
             assert len(c.logprobs) == c.length == len(c.token_ids) >= 1
             assert c.finish_reason in ("stop", "length")

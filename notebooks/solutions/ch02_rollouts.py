@@ -114,7 +114,8 @@ def exercise_2() -> None:
         bias = (pi - cap * mu).clamp(min=0).sum()       # the mass of the tokens the engine under-samples by > C
         assert torch.isclose(expected, 1 - bias)
         assert float(w_cap.max()) <= cap
-        print(f"C={cap}: E[w] = {expected.item():.4f} = 1 - {bias.item():.4f} (bias), largest weight {w_cap.max().item():.2f}")
+        print(f"C={cap}: E[w] = {expected.item():.4f} = 1 - {bias.item():.4f} (bias), "
+              f"largest weight {w_cap.max().item():.2f}")
     try:
         truncated_importance_weights(logp_train, logp_engine, cap=0.5)
     except ValueError:

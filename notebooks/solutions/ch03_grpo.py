@@ -66,7 +66,8 @@ def exercise_2() -> None:
     assert torch.allclose(group_advantages(one_right, "none"), none_by_hand)
     g1, g4 = group_advantages(one_right)[0, 0].item(), group_advantages(half_right)[0, 0].item()
     n1, n4 = group_advantages(one_right, "none")[0, 0].item(), group_advantages(half_right, "none")[0, 0].item()
-    print(f"the right answer's A: 1 of 8 right -> group {g1:.3f}, none {n1:.3f}; 4 of 8 -> group {g4:.3f}, none {n4:.3f}")
+    print(f"the right answer's A: 1 of 8 right -> group {g1:.3f}, none {n1:.3f}; "
+          f"4 of 8 -> group {g4:.3f}, none {n4:.3f}")
     # Dividing by the group's std scales a rare success up (sqrt(7) ~ 2.65 vs 1): hard prompts, where one
     # sample of eight is right, get larger updates per completion than prompts at 50%. Dr. GRPO drops the
     # division, so every group's advantages are on the reward's own scale.

@@ -1,7 +1,8 @@
 """Chapter 08 exercises, solved and checked: time to target, Amdahl's law for completion pruning, and why
 the measured speedup can beat the token-cost bound.
 
-Run: python notebooks/solutions/ch08_dppo_end_to_end.py   (under a second, no model; tests/test_solutions.py runs it too)
+Run: python notebooks/solutions/ch08_dppo_end_to_end.py
+(under a second, no model; tests/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
