@@ -357,9 +357,9 @@ class DPPOTrainer:
         # 4. weigh: which completions to train on, their weights 1/(π_q p_qi) and the normaliser
         weighting = self.estimator.weigh(adv, selection, self.step)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
-        kept = weighting.keep & (torch.tensor(lengths).view_as(weighting.keep) > 0)  # (P, G), all ranks
-        seqs.total_tokens = int(torch.tensor(lengths).view_as(kept)[kept].sum())
-        seqs.total_rolled_out_tokens = sum(lengths)
+        lens = torch.tensor(lengths).view_as(weighting.keep)  # (P, G): every rank's groups
+        kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
+        seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)
         weights = weighting.weights[kept].float()  # every rank's kept weights, in global order
         timer.lap("prune")
         # 5. update (dense packing inside), then 6. the engine samples from the new policy next step
@@ -406,7 +406,8 @@ class DPPOTrainer:
 
         engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
         c = self.config
-        return evaluate_policy(c, engine, self.step, benchmarks=c.eval_benchmarks, benchmark_limit=c.eval_benchmark_limit)
+        return evaluate_policy(c, engine, self.step, benchmarks=c.eval_benchmarks,
+                               benchmark_limit=c.eval_benchmark_limit)
 
     def _evaluate_and_log(self) -> dict[str, Any]:
         """Evaluate on rank 0 and log it (other ranks wait at a barrier and get ``{}``)."""
