@@ -101,6 +101,10 @@ class DPPOTrainer:
         callbacks: called with each step's metrics dict (and with ``{"event": "eval", ...}`` after each
             evaluation), e.g. to draw live curves in a notebook.
         prompt_source: override the prompts (default: from ``config.task``).
+
+    The estimator (``self.estimator``, holding the prompt history) is built once from ``config``; to prune
+    differently mid-run, assign a new one (``trainer.estimator = make_estimator(new_config)``) and carry the
+    history over (``trainer.history``).
     """
 
     def __init__(self, config: DPPOConfig, *, reward_funcs: Sequence[Callable] | None = None,

@@ -21,6 +21,7 @@ import torch
 
 from dppo_core.config import DPPOConfig
 from dppo_core.data import prompt_key
+from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.pruning import PromptHistory
@@ -155,6 +156,9 @@ def _loss_terms(s: Setup, beta: float, iterations: int):
 def _estimates(s: Setup, grads: torch.Tensor, draws: int = DRAWS, **overrides) -> np.ndarray:
     """Gradient estimates of many independent prunings, through the trainer's selection and weighting."""
     s.trainer.config = s.base.with_overrides(overrides)
+    history = s.trainer.history  # the estimator is built from the config: rebuilt for these settings
+    s.trainer.estimator = make_estimator(s.trainer.config)
+    s.trainer.history = history
     out = np.zeros((draws, grads.shape[1]))
     g = grads.numpy()
     for m in range(draws):
