@@ -106,8 +106,8 @@ def read_checkpoint(path: Path) -> Checkpoint:
     """Read and check every file of a checkpoint; a damaged one raises ConfigError naming it."""
     try:
         state = json.loads((path / "trainer_state.json").read_text())
-        step = int(state["step"])
-    except (OSError, ValueError, KeyError) as exc:
+        step, torch_rng = int(state["step"]), list(state["torch_rng"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"checkpoint {path} is incomplete or corrupt ({exc}); delete it to resume from "
                           "the one before, or start without --resume") from exc
     estimator_state = None
@@ -133,7 +133,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
         optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
     except Exception as exc:
         raise _fail(path, "optimizer.pt is missing or cannot be read", exc) from exc
-    return Checkpoint(path, step, state["torch_rng"], weights, optimizer_state, estimator_state)
+    return Checkpoint(path, step, torch_rng, weights, optimizer_state, estimator_state)
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], update_mode: str, path: Path) -> None:

@@ -243,6 +243,11 @@ class DPPOConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> DPPOConfig:
         known = {f.name for f in fields(cls)}
+        if "extra" in data and "extra" not in known:  # a config.json of a run made before the field was removed
+            if data["extra"]:
+                raise ConfigError(f"{source}: 'extra' is no longer a config field and holds {data['extra']!r}; "
+                                  "remove it (settings of your own belong in your own code)")
+            data = {k: v for k, v in data.items() if k != "extra"}
         unknown = sorted(set(data) - known)
         if unknown:
             import difflib

@@ -92,7 +92,8 @@ def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[
                   info: DistInfo) -> tuple[torch.Tensor, list[int], dict[str, float]]:
     """Every rank's groups in global (rank) order: rewards (P, G), completion lengths, mean reward per function.
 
-    The one gather of a training step: after it every rank holds the whole step's rewards, computes the
+    The one gather of a step before the update (the update then all-reduces the gradients and gathers its
+    statistics): after it every rank holds the whole step's rewards, computes the
     same advantages and history, and draws the same completion pruning. Single process: returned as is.
     """
     if not info.enabled:

@@ -31,6 +31,7 @@ and verl also call "DPPO".
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,7 +60,7 @@ class Weighting:
 
     keep: torch.Tensor  # (P, G) bool
     weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where dropped
-    num_sequences: int  # C / G-free normaliser of the ``grpo`` and ``dr_grpo`` losses (|B|·G for DPPO)
+    num_sequences: int  # the normaliser C of the grpo / dr_grpo losses: |B|·G (dppo), P·G (none, greso), kept (cppo)
 
 
 def full_selection(size: int) -> Selection:
@@ -67,7 +68,7 @@ def full_selection(size: int) -> Selection:
     return Selection(list(range(size)), torch.ones(size, dtype=torch.float64), size)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Estimator:
     """``none``: plain GRPO, every prompt and completion, weight 1, normaliser P·G.
 
@@ -113,9 +114,13 @@ class Estimator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the history (raises ValueError, changing nothing, if ``state`` is not one)."""
         self.history = PromptHistory.from_state_dict(state)
+        mode = state.get("mode")
+        if mode is not None and mode != self.name:
+            warnings.warn(f"the prompt history was written by a {mode!r} estimator and is loaded into a {self.name!r} "
+                          "one: its records are used as they are", stacklevel=2)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PromptPruning(Estimator):
     """Shared by the modes that prune prompts before rollout: a history-based π_q and an inclusion draw."""
 
@@ -147,7 +152,7 @@ class PromptPruning(Estimator):
         return Selection(kept, probs[kept], window)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DPPOEstimator(PromptPruning):
     """``dppo``: random prompt and completion pruning, each kept item weighted 1 / (π_q p_qi); C = |B|·G.
 
@@ -192,7 +197,14 @@ class DPPOEstimator(PromptPruning):
         return torch.ones(advantages.shape, dtype=torch.float64)
 
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
-        selection = selection or full_selection(advantages.shape[0])
+        if selection is None:
+            if self.prompt_prune_rate > 0:
+                raise ValueError("DPPOEstimator.weigh: prompts are pruned, so pass the step's Selection (its keep "
+                                 "probabilities and window are in the weights and the normaliser)")
+            selection = full_selection(advantages.shape[0])
+        if advantages.shape[0] == 0:  # every prompt pruned: nothing to train, the estimate is 0
+            return Weighting(torch.zeros(advantages.shape, dtype=torch.bool),
+                             torch.zeros(advantages.shape, dtype=torch.float64), selection.window * advantages.shape[1])
         probs = self.completion_probs(advantages)
         keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "completions"),
                                    self.fixed_size_sampling)
@@ -200,7 +212,7 @@ class DPPOEstimator(PromptPruning):
         return Weighting(keep, weights, selection.window * advantages.shape[1])
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CPPOEstimator(Estimator):
     """``cppo`` (BIASED baseline): the top ``G - round(r·G)`` completions of each group by |A|, weight 1,
     normalised by the number kept (as CPPO trains)."""
@@ -218,7 +230,7 @@ class CPPOEstimator(Estimator):
         return Weighting(keep, keep.to(torch.float64), int(keep.sum()))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GRESOEstimator(PromptPruning):
     """``greso`` (BIASED baseline): prompts whose last group was degenerate are skipped with probability r;
     the rest train with weight 1 and normaliser P·G over the kept prompts only."""

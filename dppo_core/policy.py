@@ -106,7 +106,6 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
     return model, tokenizer
 
 
-
 def load_reference(config: DPPOConfig, model_path: str, device: torch.device) -> torch.nn.Module | None:
     """A frozen copy of the initial policy for the KL term: only for full fine-tuning with ``beta > 0``.
 

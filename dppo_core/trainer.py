@@ -334,7 +334,6 @@ class DPPOTrainer:
         summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows",
                                                          "update_capacity", "padding_avoided")}
         real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
-        stats.update(summed)
         return {**layout, **summed, "update_density": real / max(1, summed["update_capacity"])}
 
     # --- one step ---------------------------------------------------------------------------------

@@ -154,3 +154,18 @@ def test_unknown_base_and_cycles_of_bases_are_config_errors(tmp_path, monkeypatc
         preset("c")
     with pytest.raises(ConfigError, match=r"d.yaml: the base presets form a cycle|cycle \(a -> b -> a\)"):
         preset("d")
+
+
+def test_a_config_json_of_an_older_run_still_loads():
+    """Runs made before the unread ``extra`` field was removed wrote ``"extra": {}``; that still loads."""
+    old = {**DPPOConfig().to_dict(), "extra": {}}
+    assert DPPOConfig.from_dict(old) == DPPOConfig()
+    with pytest.raises(ConfigError, match="'extra' is no longer a config field"):
+        DPPOConfig.from_dict({**old, "extra": {"mine": 1}})
+
+
+def test_load_benchmark_is_importable_from_tasks_as_documented():
+    from dppo_core.benchmark_data import load_benchmark
+    from dppo_core.tasks import load_benchmark as from_tasks
+
+    assert from_tasks is load_benchmark

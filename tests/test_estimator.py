@@ -132,3 +132,17 @@ def test_state_dict_round_trip_and_a_bad_state_changes_nothing():
     with pytest.raises(ValueError, match="not a PromptHistory state"):
         other.load_state_dict({"nonsense": 1})
     assert other.state_dict() == state
+
+
+def test_what_a_hand_written_loop_could_get_wrong_is_caught():
+    est = DPPOEstimator(prompt_prune_rate=0.5, completion_prune_rate=0.5)
+    with pytest.raises(ValueError, match="pass the step's Selection"):
+        est.weigh(torch.randn(2, 4))  # prompts are pruned: the weights need their keep probabilities
+    with pytest.raises(TypeError):
+        DPPOEstimator(0, None, 0.5)  # fields by keyword only: a positional 0.5 cannot land in the wrong field
+    empty = est.select([], step=0)  # every prompt pruned (here: none offered): an empty, valid step
+    w = DPPOEstimator(fixed_size_sampling=True).weigh(torch.zeros(0, 4), empty, step=0)
+    assert w.keep.shape == (0, 4) and w.num_sequences == 0
+    state = CPPOEstimator().state_dict()
+    with pytest.warns(UserWarning, match="written by a 'cppo' estimator"):
+        est.load_state_dict(state)

@@ -89,7 +89,7 @@ class BenchPreset:
 CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
 #: DPPO's prompt pruning in the CPU comparisons: the lower half of the candidates by history (mean |A|
 #: of their last group; degenerate groups score 0) is kept with probability 0.2 and weighted 5. Chosen
-#: on seed 0 (benchmarks/results/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
+#: on seed 0 (benchmarks/results/archive/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
 #: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step);
 #: GRESO skips at the same rate.
 CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo": {"prompt_prune_rate": 0.8}, "greso": {"prompt_prune_rate": 0.8}}

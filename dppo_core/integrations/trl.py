@@ -154,6 +154,12 @@ class DPPOGRPOTrainer(GRPOTrainer):
             raise ValueError("DPPOGRPOTrainer: with prompt pruning, scale_rewards='batch' and "
                              "multi_objective_aggregation='normalize_then_sum' compute advantages from the rolled-out "
                              "prompts only; use scale_rewards='group' or 'none' and 'sum_then_normalize'")
+        est_beta = getattr(self.estimator, "beta", None)
+        if getattr(self.estimator, "drop_zero_advantage", False) and est_beta == 0 and self.beta > 0:
+            raise ValueError(f"DPPOGRPOTrainer: the estimator has beta=0 and drops completions with A = 0, but TRL's "
+                             f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
+                             f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
+                             "drop_zero_advantage=False")
         size = self.args.generation_batch_size // self.num_generations
         if self.estimator.num_candidates(size) != size:
             raise ValueError("DPPOGRPOTrainer: the estimator asks for more candidate prompts than a generation batch "
