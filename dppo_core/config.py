@@ -73,10 +73,11 @@ class DPPOConfig:
     """Upper clipping range (DAPO's clip-higher); None: same as ``epsilon``."""
     loss_type: str = "grpo"
     """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser) or ``"dapo"`` (token mean over every
-    rolled-out completion: unbiased under completion pruning, a ratio estimator, slightly biased, under
-    prompt pruning, because the token count of prompts never rolled out is unknown)."""
+    rolled-out completion: unbiased under completion pruning; refused with DPPO's prompt pruning, where the
+    token count of the prompts never rolled out is unknown and the loss would be about 1 / mean(pi) too large)."""
     scale_rewards: str = "group"
-    """Advantage scaling: ``"group"`` std, ``"batch"`` std, or ``"none"``."""
+    """Advantage scaling: ``"group"`` std, ``"batch"`` std (refused with DPPO's prompt pruning: the std of the
+    kept prompts' rewards depends on the draw), or ``"none"``."""
     num_iterations: int = 1
     """PPO epochs over each batch of rollouts (old log-probs are computed only when > 1)."""
     micro_batch_size: int = 64
@@ -218,6 +219,14 @@ class DPPOConfig:
         need(self.history_max_age is None or self.history_max_age >= 1, "history_max_age", "must be >= 1 or null")
         need(self.pruning != "none" or (self.prompt_prune_rate == 0 and self.completion_prune_rate == 0),
              "pruning", "prune rates are set but pruning is 'none'; set pruning: dppo (or cppo/greso)")
+        dppo_prunes_prompts = self.pruning == "dppo" and self.prompt_prune_rate > 0
+        need(not (dppo_prunes_prompts and self.loss_type == "dapo"), "loss_type",
+             "dapo divides by the tokens of the rolled-out completions, which prompt pruning changes (the pruned "
+             "loss would be about 1 / mean(keep probability) times the full batch's); use loss_type: dr_grpo (a "
+             "token sum over a constant normaliser) or grpo, or prompt_prune_rate: 0")
+        need(not (dppo_prunes_prompts and self.scale_rewards == "batch"), "scale_rewards",
+             "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would be "
+             "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
         need(self.pruning != "cppo" or self.prompt_prune_rate == 0, "prompt_prune_rate",
              "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
         need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",

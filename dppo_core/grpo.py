@@ -20,8 +20,9 @@ The weight is 1 for GRPO and 1 / (pi_q p_{q,i}) for DPPO's kept completions. For
 candidate batch, not the number of sequences present), so a pruned, reweighted sum is an unbiased
 estimate of the full-batch loss. ``dapo`` divides by a token count: the trainer passes the tokens of
 every rolled-out completion (kept or pruned), so completion pruning leaves it unbiased; the token count
-of prompts pruned before rollout is unknown, so under prompt pruning it is a ratio estimator, slightly
-biased. (Dividing by the kept tokens only would inflate the loss by 1 / kept share.)
+of prompts pruned before rollout is unknown, so under prompt pruning the loss would be a ratio estimator
+about 1 / mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination.
+(Dividing by the kept tokens only would inflate the loss by 1 / kept share.)
 
 Departures from TRL's GRPOTrainer, and why:
 1. The normaliser is explicit (``num_sequences``, ``max_completion_length``, ``num_tokens``) instead of

@@ -44,7 +44,7 @@ class Sequences:
         """Completion tokens of every rolled-out completion, kept or pruned: the ``dapo`` normaliser.
 
         Dividing by the kept tokens instead would inflate a pruned loss by 1 / (kept share); with this
-        count ``dapo`` stays unbiased under completion pruning (still a ratio estimator under prompt
+        count ``dapo`` stays unbiased under completion pruning (a ratio estimator under prompt
         pruning, since the tokens of prompts never rolled out are unknown).
         """
         return self.num_tokens + self.pruned_tokens
