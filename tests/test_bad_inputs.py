@@ -383,6 +383,15 @@ def test_vllm_auto_falls_back_to_transformers(small_model, tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 
+
+@pytest.mark.parametrize("field,value", [("loss_type", "dapo"), ("scale_rewards", "batch")])
+def test_prompt_pruning_refuses_a_normaliser_or_scale_that_depends_on_the_draw(field, value):
+    """Both would make DPPO's loss depend on which prompts were kept (a first-order bias, not a small one)."""
+    with pytest.raises(ConfigError, match=rf"^{field}='{value}': .*prompt_prune_rate: 0"):
+        DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, **{field: value})
+    DPPOConfig(pruning="dppo", completion_prune_rate=0.5, **{field: value})  # completion pruning alone: fine
+
+
 def test_the_table_lists_every_test():
     rows = re.findall(r"^\|.*\| `(test_\w+)` \|$", DOC.read_text(), flags=re.MULTILINE)  # the last column
     tests = [name for name in globals() if name.startswith("test_") and name != "test_the_table_lists_every_test"]

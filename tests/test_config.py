@@ -169,11 +169,3 @@ def test_load_benchmark_is_importable_from_tasks_as_documented():
     from dppo_core.tasks import load_benchmark as from_tasks
 
     assert from_tasks is load_benchmark
-
-
-@pytest.mark.parametrize("field,value", [("loss_type", "dapo"), ("scale_rewards", "batch")])
-def test_prompt_pruning_refuses_a_normaliser_or_scale_that_depends_on_the_draw(field, value):
-    """Both would make DPPO's loss depend on which prompts were kept (a first-order bias, not a small one)."""
-    with pytest.raises(ConfigError, match=rf"^{field}='{value}': .*prompt_prune_rate: 0"):
-        DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, **{field: value})
-    DPPOConfig(pruning="dppo", completion_prune_rate=0.5, **{field: value})  # completion pruning alone: fine
