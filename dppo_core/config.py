@@ -72,7 +72,8 @@ class DPPOConfig:
     epsilon_high: float | None = None
     """Upper clipping range (DAPO's clip-higher); None: same as ``epsilon``."""
     loss_type: str = "grpo"
-    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser) or ``"dapo"`` (token mean over every
+    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser; Dr. GRPO also drops the std scaling, which
+    needs ``scale_rewards: none`` as well) or ``"dapo"`` (token mean over every
     rolled-out completion: unbiased under completion pruning; refused with DPPO's prompt pruning, where the
     token count of the prompts never rolled out is unknown and the loss would be about 1 / mean(pi) too large)."""
     scale_rewards: str = "group"
@@ -91,9 +92,11 @@ class DPPOConfig:
 
     # --- pruning (DPPO, chapter 05-06) -------------------------------------------------------------
     pruning: str = "none"
-    """``"none"`` (plain GRPO), ``"dppo"`` (unbiased: pruned prompts and completions, importance
-    weights 1 / (pi_q p_qi)), or the BIASED baselines ``"cppo"`` (top-k completions by |A|, no weights)
-    and ``"greso"`` (skip prompts whose last group was degenerate, no weights)."""
+    """``"none"`` (plain GRPO), ``"dppo"`` (Dynamic Pruning Policy Optimization, not Divergence PPO: pruned
+    prompts and completions, importance weights 1 / (pi_q p_qi), so the loss and its gradient at the step's
+    parameters are unbiased for the full batch's; not the optimizer's update), or the BIASED baselines
+    ``"cppo"`` (top-k completions by |A|, no weights) and ``"greso"`` (skip prompts whose last group was
+    degenerate, no weights)."""
     prompt_prune_rate: float = 0.0
     """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means)."""
     completion_prune_rate: float = 0.0
@@ -102,8 +105,9 @@ class DPPOConfig:
     """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q) or
     ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q)."""
     completion_scheme: str = "proportional"
-    """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o; the
-    variance-minimising choice) or ``"paper"`` (the lower half by |A| kept with 1 - r_o)."""
+    """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o;
+    variance-minimising when a completion's gradient size is proportional to |A|) or ``"paper"`` (the lower
+    half by |A| kept with 1 - r_o)."""
     min_prompt_keep_prob: float = 0.1
     """Floor of a prompt's keep probability (bounds the importance weights; in (0, 1])."""
     min_completion_keep_prob: float = 0.1
@@ -116,7 +120,10 @@ class DPPOConfig:
     independent coin flips; same inclusion probabilities, steadier batch sizes."""
     dense_prompts: bool = False
     """Look ahead in the dataset for candidates until the expected number of kept prompts reaches
-    ``prompts_per_step``, so the generation batch stays full (the estimator is over the whole window)."""
+    ``prompts_per_step``, so the generation batch stays full. Each step is unbiased for the full-batch loss over
+    its window B (normaliser |B|*G; |B| is chosen from the history before the draw), but a prompt counts
+    1/(|B|*G) in its step, less where it shares the window with many low-probability prompts: over many steps
+    this is not fixed-size GRPO's objective with ``prompts_per_step`` prompts."""
     prompt_window_factor: int = 4
     """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead."""
     history_max_age: int | None = None

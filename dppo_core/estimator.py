@@ -18,7 +18,9 @@ The estimator (the full-batch GRPO loss over the candidate window B, and what ``
 
 with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
 (completions, from |A|) come from :mod:`dppo_core.pruning`; E[L̂(θ)] = L(θ) for every θ fixed before the
-draw, so the loss and its gradient at the step's parameters are unbiased. That is all: the optimizer's
+draw, so the loss and its gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or
+``dr_grpo`` normaliser (``dapo`` under completion pruning only) and advantages scaled per group or not at all
+(batch-wide only without prompt pruning); docs/estimator.md has the proof. That is all: the optimizer's
 update is not an unbiased estimate of the full-batch update (AdamW is not linear, gradient-norm clipping
 shrinks heavy-weight draws), and from a second PPO epoch on θ depends on the draw.
 
@@ -160,8 +162,9 @@ class DPPOEstimator(PromptPruning):
     1. Items are kept by random draws with known probabilities (Bernoulli or systematic PPS), not by a
        deterministic count: the unbiasedness proof needs random inclusion.
     2. Keep probabilities have floors (``min_*_keep_prob``): every item with a non-zero loss can be kept.
-    3. ``proportional`` completion scheme by default (p ∝ |A|, the variance-minimising choice for a
-       budget); the paper's rule is ``completion_scheme="paper"``.
+    3. ``proportional`` completion scheme by default (p ∝ |A|: for independent draws and a budget on the
+       expected count, variance-minimising when a completion's gradient size is proportional to |A|); the
+       paper's rule is ``completion_scheme="paper"``.
     """
 
     name: ClassVar[str] = "dppo"

@@ -12,14 +12,16 @@ Per token t of completion (q,i), with ratio rho = pi_theta / pi_old:
 and the step's loss over a batch B of candidate prompts, each completion multiplied by its weight w:
 
     grpo:     L = (1 / (|B| G))        sum_{q,i} w_{q,i} * mean_t l_t
-    dr_grpo:  L = (1 / (|B| G L_max))  sum_{q,i} w_{q,i} * sum_t l_t
+    dr_grpo:  L = (1 / (|B| G L_max))  sum_{q,i} w_{q,i} * sum_t l_t   (Dr. GRPO also needs scale_rewards="none")
     dapo:     L = (1 / sum_{q,i} T_{q,i}) sum_{q,i} w_{q,i} * sum_t l_t
 
 The weight is 1 for GRPO and 1 / (pi_q p_{q,i}) for DPPO's kept completions. For ``grpo`` and
 ``dr_grpo`` the normaliser is a constant given by the caller (``num_sequences`` = |B| G, the full
 candidate batch, not the number of sequences present), so a pruned, reweighted sum is an unbiased
-estimate of the full-batch loss. ``dapo`` divides by a token count: the trainer passes the tokens of
-every rolled-out completion (kept or pruned), so completion pruning leaves it unbiased; the token count
+estimate of the full-batch loss and its gradient at parameters fixed before the draw (with ``group`` or
+``none`` advantage scaling; ``batch`` only without prompt pruning; docs/estimator.md). ``dapo`` divides by
+a token count: the trainer passes the tokens of every rolled-out completion (kept or pruned), so
+completion pruning leaves it unbiased; the token count
 of prompts pruned before rollout is unknown, so under prompt pruning the loss would be a ratio estimator
 about 1 / mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination.
 (Dividing by the kept tokens only would inflate the loss by 1 / kept share.)

@@ -24,7 +24,7 @@ class Sequences:
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     advantages: torch.Tensor  # (N,)
-    weights: torch.Tensor  # (N,) 1 for GRPO; 1 / keep probability for DPPO
+    weights: torch.Tensor  # (N,) float64: 1 for GRPO; 1 / keep probability for DPPO (cast to the loss's dtype)
     num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
     pruned_tokens: int = 0  # completion tokens rolled out but not trained on
     origin: list[tuple[int, int]] | None = None  # (group, completion) in the rollout batch of each sequence

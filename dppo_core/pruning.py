@@ -14,7 +14,9 @@ completion (q,i) with probability p_{q,i} (decided *after* reward, from |A_{q,i}
     L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i}).
 
 Because the draws do not depend on θ, E[L̂(θ)] = L(θ) for every θ fixed before the draw — so the loss and
-its gradient at the step's parameters are unbiased, ratio clipping and KL included. The optimizer's update
+its gradient at the step's parameters are unbiased, ratio clipping and KL included, for loss types ``grpo``
+and ``dr_grpo`` (``dapo`` under completion pruning only) and reward scalings ``group`` and ``none``
+(``batch`` only without prompt pruning); docs/estimator.md has the proof. The optimizer's update
 is not: AdamW and gradient-norm clipping are not linear in the gradient, and from a second PPO epoch on the
 parameters depend on the draw. Two conditions make this exact:
 
@@ -24,8 +26,11 @@ parameters depend on the draw. Two conditions make this exact:
    (:func:`sample_keep`), or a fixed-size design with the same first-order inclusion probabilities
    (systematic PPS sampling), so that exactly Σp items are kept each time.
 
-Variance grows with Σ (1/π − 1) ℓ²: keep probabilities proportional to an estimate of each item's
-gradient size (``scheme="proportional"``) minimise it for a given budget; floors bound it.
+For independent draws the variance of the gradient estimate (trace of its covariance) is
+(1/C²) [Σ_q (1/π_q − 1) ‖S_q‖² + Σ_{q,i} (1 − p_{q,i})/(π_q p_{q,i}) ‖g_{q,i}‖²], g = ∇ℓ, S_q = Σ_i g_{q,i}: for a
+budget on the expected count, keep probabilities proportional to each item's gradient size minimise it, and
+``scheme="proportional"`` (∝ |A|) does when that size is proportional to |A| (docs/estimator.md); floors
+bound it.
 
 Keep-probability schemes (``rate`` = r):
 
@@ -285,7 +290,9 @@ def dense_window(stream_probs: torch.Tensor, target: int) -> int:
     The prompt selector looks ahead in the dataset: candidate prompts are taken in order until the sum
     of their keep probabilities is at least ``target`` (the generation batch), so that about ``target``
     prompts go to the rollout engine even when many are pruned. The window is fixed before the
-    inclusion draw and does not depend on θ, so the estimator stays unbiased over it (with C = W·G).
+    inclusion draw and does not depend on θ, so the estimator stays unbiased for the full-batch loss over
+    it (with C = W·G). Over many steps this is not fixed-size GRPO's objective: a prompt counts 1/(W·G) in
+    its step, less where it shares the window with many low-probability prompts.
     Returns W (the whole stream if the target cannot be reached).
     """
     cum = torch.cumsum(torch.as_tensor(stream_probs, dtype=torch.float64), 0)
@@ -304,26 +311,33 @@ def step_generator(seed: int, step: int, stage: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def _systematic(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Randomised systematic PPS sampling of a 1-D pool: unit j is kept with probability exactly p_j.
+def systematic_draw(p: torch.Tensor, order: torch.Tensor, u: float) -> torch.Tensor:
+    """Randomised systematic PPS sampling of a 1-D pool, given its randomness: the unit order and the start u.
 
-    Units in a random order get consecutive intervals of length p_j on [0, Σp); the points u, u+1, ...
-    (u ~ U[0, 1)) select the units whose interval holds one. Every p_j <= 1, so no unit is hit twice;
-    exactly ⌈Σp - u⌉ units are kept: Σp of them when Σp is an integer.
+    Units in ``order`` get consecutive intervals of length p_j on [0, Σp); the points u, u+1, ... select the
+    units whose interval holds one. Every p_j <= 1, so no unit is hit twice; exactly ⌈Σp - u⌉ units are kept:
+    Σp of them when Σp is an integer. With ``order`` a uniformly random permutation and u ~ U[0, 1), unit j is
+    kept with probability exactly p_j (:func:`sample_keep` draws both; the tests enumerate them exactly).
     """
-    n = p.numel()
-    keep = torch.zeros(n, dtype=torch.bool)
-    if n == 0:
+    keep = torch.zeros(p.numel(), dtype=torch.bool)
+    if p.numel() == 0:
         return keep
-    perm = torch.randperm(n, generator=generator)
-    u = float(torch.rand((), generator=generator, dtype=torch.float64))
-    cum = torch.cumsum(p[perm], 0)
+    cum = torch.cumsum(p[order], 0)
     # snap sums that are integers up to rounding, so an integral total keeps exactly that many
     cum = torch.where((cum - cum.round()).abs() < 1e-9, cum.round(), cum)
     prev = torch.cat([torch.zeros(1, dtype=torch.float64), cum[:-1]])
     hits = torch.ceil(cum - u) - torch.ceil(prev - u)
-    keep[perm] = hits > 0
+    keep[order] = hits > 0
     return keep
+
+
+def _systematic(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`systematic_draw` with a random order and start drawn from ``generator``."""
+    if p.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    order = torch.randperm(p.numel(), generator=generator)
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return systematic_draw(p, order, u)
 
 
 def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None,

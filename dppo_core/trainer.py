@@ -65,6 +65,23 @@ ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "u
               "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
 
 
+def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: torch.Tensor, mask: torch.Tensor,
+                     old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss that :meth:`DPPOTrainer.update` backpropagates for the micro-batch ``idx`` of ``seqs``.
+
+    Each sequence carries its weight, and the normalisers are the step's (``num_sequences`` = C for ``grpo``
+    and ``dr_grpo``, every rolled-out completion token for ``dapo``), so the micro-batches' losses add up to
+    the step's pruned loss L̂(θ) whatever the layout.
+    """
+    c = config
+    return policy_loss(logprobs, seqs.advantages[idx].to(logprobs.device), mask, old_logprobs=old_logprobs,
+                       ref_logprobs=ref_logprobs, weights=seqs.weights[idx].to(logprobs.device), beta=c.beta,
+                       epsilon=c.epsilon, epsilon_high=c.epsilon_high, loss_type=c.loss_type,
+                       num_sequences=seqs.num_sequences, max_completion_length=c.max_completion_length,
+                       num_tokens=seqs.global_rolled_out_tokens)
+
+
 @dataclass
 class PromptSelection(Selection):
     """A :class:`~dppo_core.estimator.Selection` with the kept prompts' rows, as sent to the rollout engine."""
@@ -270,7 +287,7 @@ class DPPOTrainer:
                 adv.append(advantages[gi, ci].item())
                 w.append(float(weighting.weights[gi, ci]))
                 origin.append((gi, ci))
-        return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.tensor(w, dtype=torch.float32),
+        return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.tensor(w, dtype=torch.float64),
                          num_sequences=weighting.num_sequences, pruned_tokens=pruned_tokens, origin=origin)
 
     @contextlib.contextmanager
@@ -309,11 +326,7 @@ class DPPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for k, idx in enumerate(mbs):
                 logp, mask = forward(model, k)
-                loss, st = policy_loss(
-                    logp, seqs.advantages[idx].to(logp.device), mask, old_logprobs=old.get(k), ref_logprobs=ref.get(k),
-                    weights=seqs.weights[idx].to(logp.device), beta=c.beta, epsilon=c.epsilon,
-                    epsilon_high=c.epsilon_high, loss_type=c.loss_type, num_sequences=seqs.num_sequences,
-                    max_completion_length=c.max_completion_length, num_tokens=seqs.global_rolled_out_tokens)
+                loss, st = micro_batch_loss(c, seqs, idx, logp, mask, old.get(k), ref.get(k))
                 loss.backward()
                 share = mask.sum().item() / max(1, seqs.global_num_tokens) / c.num_iterations
                 stats["loss"] += loss.item() / c.num_iterations

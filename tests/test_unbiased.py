@@ -5,9 +5,15 @@ Setup: the embedded tiny model, a real batch of rollouts (8 prompts x 8 completi
 losses with a constant normaliser, so its gradient is the same weighted sum of per-completion
 gradients: we compute each completion's gradient once (through ``dppo_core.grpo.policy_loss``), check
 that a pruned micro-batch's gradient equals the weighted sum, and then draw many prunings through the
-trainer's own ``select_prompts`` and ``build_sequences``. For every coordinate of a random subset of
-the gradient, the z-score of (mean of the draws - full-batch gradient) must stay under a Bonferroni
-bound; the biased baselines must exceed it (negative controls).
+trainer's own ``select_prompts`` and ``build_sequences``. Three statistics, each with a Bonferroni bound:
+for every coordinate of a random subset of the gradient, the z-score of (mean of the draws - full-batch
+gradient); and, sharper, for every completion with a non-zero gradient, the z-score of its coefficient's
+mean - 1, and of the sum of those excesses. The real estimator must pass; the biased baselines and the
+mutants of tests/mutants.py (weights of randomly kept completions only 5% too large, a floor ignored, π one
+step stale, the normaliser a kept count) must fail. "Two epochs" here means a gradient taken at parameters
+moved away from the sampling policy, fixed before the draw (ratio ≠ 1, clipping active); a real second
+epoch's parameters depend on the first epoch's draw, which no such test covers (docs/estimator.md).
+tests/test_exact_expectation.py computes the same expectations exactly on smaller steps.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 import torch
+from mutants import MUTANTS, StalePromptProbs
 
 from dppo_core.config import DPPOConfig
 from dppo_core.data import prompt_key
@@ -31,8 +38,10 @@ from dppo_core.trainer import DPPOTrainer
 P, G, MAX_TOKENS = 8, 8, 16
 NUM_COORDS = 2048
 DRAWS = 1000
-ALPHA = 1e-3  # family-wise false-rejection rate of the coordinate-wise test
+MUTANT_DRAWS = 4000
+ALPHA = 1e-3  # false-rejection rate of each of the three statistics (Bonferroni within each)
 CRIT = NormalDist().inv_cdf(1 - ALPHA / (2 * NUM_COORDS))
+CRIT_ITEMS = NormalDist().inv_cdf(1 - ALPHA / (2 * (P * G + 1)))
 
 
 def parity_reward(prompts, completions, **columns):
@@ -153,14 +162,19 @@ def _loss_terms(s: Setup, beta: float, iterations: int):
     return grads
 
 
-def _estimates(s: Setup, grads: torch.Tensor, draws: int = DRAWS, **overrides) -> np.ndarray:
-    """Gradient estimates of many independent prunings, through the trainer's selection and weighting."""
+def _estimates(s: Setup, grads: torch.Tensor, draws: int = DRAWS, estimator=None, **overrides
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient estimates of many independent prunings, through the trainer's selection and weighting.
+
+    Also returns each draw's coefficient on every completion's gradient, (draws, P·G): the estimate is
+    ``coefs @ grads``, and it is unbiased exactly when every coefficient has mean 1 (on the completions
+    whose gradient is not zero). ``estimator``: use this one (a mutant) instead of the config's.
+    """
     s.trainer.config = s.base.with_overrides(overrides)
     history = s.trainer.history  # the estimator is built from the config: rebuilt for these settings
-    s.trainer.estimator = make_estimator(s.trainer.config)
+    s.trainer.estimator = make_estimator(s.trainer.config) if estimator is None else estimator
     s.trainer.history = history
-    out = np.zeros((draws, grads.shape[1]))
-    g = grads.numpy()
+    coefs = np.zeros((draws, P * G))
     for m in range(draws):
         sel = s.trainer.select_prompts(m, candidates=s.rows)
         if not sel.rows:
@@ -170,17 +184,38 @@ def _estimates(s: Setup, grads: torch.Tensor, draws: int = DRAWS, **overrides) -
         if not len(seqs):
             continue
         rows = [sel.indices[gi] * G + ci for gi, ci in seqs.origin]
-        out[m] = (P * G / seqs.num_sequences) * (seqs.weights.double().numpy() @ g[rows])
-    return out
+        coefs[m, rows] = (P * G / seqs.num_sequences) * seqs.weights.double().numpy()
+    return coefs @ grads.numpy(), coefs
+
+
+def _z(samples: np.ndarray, target: np.ndarray, scale: float) -> np.ndarray:
+    """|mean - target| / standard error per column; a column without spread is 0 if on target, else inf."""
+    diff = np.abs(samples.mean(0) - target)
+    se = samples.std(0, ddof=1) / math.sqrt(len(samples))
+    return np.where(se > 1e-12 * scale, diff / np.maximum(se, 1e-300), np.where(diff <= 1e-9 * scale, 0.0, np.inf))
 
 
 def _max_z(estimates: np.ndarray, full: np.ndarray) -> float:
-    diff = estimates.mean(0) - full
-    se = estimates.std(0, ddof=1) / math.sqrt(len(estimates))
-    scale = np.abs(full).max()
-    z = np.where(se > 1e-12 * scale, np.abs(diff) / np.maximum(se, 1e-300),
-                 np.where(np.abs(diff) <= 1e-9 * scale, 0.0, np.inf))
-    return float(z.max())
+    return float(_z(estimates, full, np.abs(full).max()).max())
+
+
+def _item_z(coefs: np.ndarray, grads: torch.Tensor) -> tuple[float, float]:
+    """Sharper statistics on the coefficients of the completions with a non-zero gradient: the largest
+    per-completion |z| of mean(coefficient) - 1, and the |z| of their summed excess (a small bias shared by
+    many completions, such as weights 5% too large, adds up in the sum while its noise grows as a square root)."""
+    live = grads.abs().amax(1).numpy() > 0
+    c = coefs[:, live]
+    per_item = float(_z(c, np.ones(c.shape[1]), 1.0).max())
+    pooled = float(_z((c - 1).sum(1, keepdims=True), np.zeros(1), 1.0)[0])
+    return per_item, pooled
+
+
+def _rejected(s: Setup, grads: torch.Tensor, est: np.ndarray, coefs: np.ndarray) -> tuple[bool, str]:
+    z = _max_z(est, grads.sum(0).numpy())
+    item, pooled = _item_z(coefs, grads)
+    report = f"max |z| {z:.2f} over {NUM_COORDS} coordinates (bound {CRIT:.2f}), per completion {item:.2f}, " \
+             f"summed {pooled:.2f} (bound {CRIT_ITEMS:.2f})"
+    return z > CRIT or item > CRIT_ITEMS or pooled > CRIT_ITEMS, report
 
 
 @pytest.mark.parametrize("beta,iterations", [(0.0, 1), (0.0, 2), (0.05, 1), (0.05, 2)])
@@ -188,20 +223,37 @@ def _max_z(estimates: np.ndarray, full: np.ndarray) -> float:
 @pytest.mark.parametrize("fixed_size", [False, True])
 def test_dppo_gradient_is_unbiased(setup, beta, iterations, scheme, fixed_size):
     grads = _loss_terms(setup, beta, iterations)
-    est = _estimates(setup, grads, beta=beta, num_iterations=iterations, prompt_prune_rate=0.5,
-                     completion_prune_rate=0.5, prompt_scheme=scheme, completion_scheme=scheme,
-                     fixed_size_sampling=fixed_size)
-    full = grads.sum(0).numpy()
-    z = _max_z(est, full)
-    assert z < CRIT, f"max |z| = {z:.2f} over {NUM_COORDS} coordinates (bound {CRIT:.2f})"
+    est, coefs = _estimates(setup, grads, beta=beta, num_iterations=iterations, prompt_prune_rate=0.5,
+                            completion_prune_rate=0.5, prompt_scheme=scheme, completion_scheme=scheme,
+                            fixed_size_sampling=fixed_size)
+    rejected, report = _rejected(setup, grads, est, coefs)
+    print(f"dppo {scheme} fixed_size={fixed_size} beta={beta} ratio={'≠' if iterations > 1 else '='}1: {report}")
+    assert not rejected, report
     # and it did prune: fewer than all completions were trained on average
-    assert (est != 0).any()
+    assert (coefs == 0).any() and (est != 0).any()
 
 
 @pytest.mark.parametrize("baseline", [dict(pruning="cppo", completion_prune_rate=0.5),
                                       dict(pruning="greso", prompt_prune_rate=0.5)])
 def test_biased_baselines_are_rejected_by_the_same_test(setup, baseline):
     grads = _loss_terms(setup, 0.0, 1)
-    est = _estimates(setup, grads, **baseline)
-    z = _max_z(est, grads.sum(0).numpy())
-    assert z > CRIT, f"{baseline['pruning']}: max |z| = {z:.2f} should exceed {CRIT:.2f}"
+    est, coefs = _estimates(setup, grads, **baseline)
+    rejected, report = _rejected(setup, grads, est, coefs)
+    print(f"{baseline['pruning']}: {report}")
+    assert rejected, f"{baseline['pruning']}: {report}"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+def test_small_mistakes_are_rejected_by_the_same_test(setup, mutant):
+    """The estimator's likely mistakes (tests/mutants.py), weights only 5% off included, fail the test."""
+    grads = _loss_terms(setup, 0.0, 1)
+    settings = dict(prompt_prune_rate=0.5, completion_prune_rate=0.5, prompt_scheme="paper",
+                    completion_scheme="proportional")
+    est = mutant.from_config(setup.base.with_overrides(settings))
+    est.history = setup.trainer.history
+    if isinstance(est, StalePromptProbs):
+        est.stale = PromptHistory()  # the history before the only past step: nothing seen yet
+    estimates, coefs = _estimates(setup, grads, draws=MUTANT_DRAWS, estimator=est, **settings)
+    rejected, report = _rejected(setup, grads, estimates, coefs)
+    print(f"{mutant.__name__}: {report}")  # shown with pytest -s
+    assert rejected, f"{mutant.__name__}: {report}"

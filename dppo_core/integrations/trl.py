@@ -1,8 +1,9 @@
 """DPPO on Hugging Face TRL: :class:`DPPOGRPOTrainer`, TRL's ``GRPOTrainer`` with pruning.
 
 DPPO here is Dynamic Pruning Policy Optimization: prompts are pruned before rollout, completions after
-reward, and each kept completion is weighted 1 / (π_q p_qi) so that the loss is an unbiased estimate of
-full-batch GRPO's. It is NOT Divergence PPO (arXiv 2602.04879), which TRL (and verl) also call "DPPO".
+reward, and each kept completion is weighted 1 / (π_q p_qi) so that the loss and its gradient at the step's
+parameters are unbiased estimates of full-batch GRPO's (for the loss types below; not the optimizer's update).
+It is NOT Divergence PPO (arXiv 2602.04879), which TRL (``trl.experimental.dppo``) and verl also call "DPPO".
 
     from trl import GRPOConfig
     from dppo_core.estimator import make_estimator

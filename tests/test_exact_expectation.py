@@ -1,0 +1,380 @@
+"""Exact expectations: the pruned loss and its gradient averaged over *every* draw, with its probability.
+
+For small steps (a few candidate prompts, G = 3 completions of 0-4 tokens each, per-token log-probs as the
+parameters θ), E[L̂(θ)] and E[∇L̂(θ)] are computed exactly, not sampled: the estimator's keep draws are
+replaced by an enumeration of all their outcomes with their probabilities, and everything else runs the
+package's own code (the estimator's ``select`` / ``weigh``, ``group_advantages``, ``DPPOTrainer.sequences``
+and ``trainer.micro_batch_loss``, the loss ``update`` backpropagates). The outcomes of a draw:
+
+* independent Bernoulli draws (``torch.rand(p.shape) < p``): every keep mask, probability Π p^k (1-p)^(1-k);
+* systematic PPS sampling (``fixed_size_sampling``): every unit order (n! of them, equally likely) and every
+  interval of the start u ∈ [0, 1) on which :func:`dppo_core.pruning.systematic_draw` keeps the same set.
+
+The full-batch reference is GRPO over the same candidate window (every prompt and completion, weight 1),
+through the same code. Every supported combination of loss type, reward scaling, sampling design, dense
+prompts, keep-probability scheme, KL and PPO ratio must give a relative bias ≤ 1e-9 (float64 rounding);
+combinations that cannot be unbiased are refused by :class:`DPPOConfig`; and mutants of the estimator (the
+mistakes an implementation is likely to make) must show a bias.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from mutants import MUTANTS, StalePromptProbs
+
+from dppo_core import pruning
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.data import prompt_key
+from dppo_core.estimator import make_estimator
+from dppo_core.grpo import group_advantages
+from dppo_core.pruning import PromptHistory
+from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
+from dppo_core.trainer import DPPOTrainer, micro_batch_loss
+
+G = 3
+STEP = 7
+TOL = 1e-9
+# rewards of each candidate prompt's G completions: degenerate groups (all equal) and informative ones
+REWARDS = {"q0": [1.0, 0.0, 0.0], "q1": [1.0, 0.5, 0.0], "q5": [1.0, 1.0, 1.0], "q2": [0.0, 1.0, 0.5],
+           "q3": [0.0, 0.0, 0.0], "q4": [1.0, 0.0, 1.0]}
+LENGTHS = {"q0": [2, 3, 1], "q1": [1, 2, 2], "q5": [1, 3, 2], "q2": [3, 0, 2], "q3": [2, 1, 1], "q4": [4, 1, 2]}
+PAST = {  # the rewards each prompt's group got at steps STEP - 2 and STEP - 1 (q5 was never rolled out)
+    STEP - 2: {"q0": [0.0, 0.0, 0.0], "q1": [1.0, 0.0, 0.0], "q3": [1.0, 1.0, 1.0], "q4": [0.0, 0.5, 1.0]},
+    STEP - 1: {"q0": [1.0, 0.0, 0.0], "q1": [0.0, 0.0, 0.0], "q2": [1.0, 1.0, 0.0], "q3": [0.0, 0.0, 0.0],
+               "q4": [0.0, 1.0, 0.0]},
+}
+
+
+def _history(until: int = STEP) -> PromptHistory:
+    """The history before step ``until``: q1 and q3 looked degenerate last time (q1 has signal now), q5 is unseen."""
+    h = PromptHistory()
+    for step, rows in PAST.items():
+        if step < until:
+            r = torch.tensor(list(rows.values()))
+            h.update(list(rows), r, group_advantages(r), step)
+    return h
+
+
+class Params:
+    """θ: one float64 leaf of per-token log-probs per completion, with fixed old and reference log-probs."""
+
+    def __init__(self, ids: list[str], ratio: bool):
+        g = torch.Generator().manual_seed(3)
+        self.leaves, self.old, self.ref = {}, {}, {}
+        for q in ids:
+            for i, n in enumerate(LENGTHS[q]):
+                lp = -torch.rand(n, generator=g, dtype=torch.float64) * 2 - 0.1
+                self.leaves[q, i] = lp.requires_grad_(True)
+                # old log-probs 0.3 apart from θ: ratios outside [0.8, 1.2], so the clip acts on some tokens
+                self.old[q, i] = lp.detach() + (0.3 * torch.randn(n, generator=g, dtype=torch.float64) if ratio else 0)
+                self.ref[q, i] = lp.detach() + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+
+    def flat_grad(self, loss: torch.Tensor | None) -> torch.Tensor:
+        leaves = list(self.leaves.values())
+        if loss is None:
+            return torch.zeros(sum(x.numel() for x in leaves), dtype=torch.float64)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return torch.cat([torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads, strict=True)])
+
+
+def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = max(x.numel() for x in rows)
+    mask = torch.zeros(len(rows), t)
+    out = torch.stack([torch.cat([x, torch.zeros(t - x.numel(), dtype=torch.float64)]) for x in rows])
+    for j, x in enumerate(rows):
+        mask[j, : x.numel()] = 1
+    return out, mask
+
+
+def run_step(config: DPPOConfig, estimator, ids: list[str], theta: Params, size: int | None, scale: bool = False
+             ) -> tuple[float, torch.Tensor, int]:
+    """One step's loss L̂(θ), its gradient and the window |B|, through the package's code."""
+    sel = estimator.select(ids, STEP, size=size)
+    kept = [ids[i] for i in sel.indices]
+    rewards = torch.tensor([REWARDS[q] for q in kept]).view(len(kept), G)
+    adv = group_advantages(rewards, config.scale_rewards)
+    weighting = estimator.weigh(adv, sel, STEP)
+    batch = RolloutBatch([RolloutGroup(q, [1, 2], [Completion(list(range(3, 3 + n)), "", [], "stop")
+                                                   for n in LENGTHS[q]]) for q in kept])
+    seqs = DPPOTrainer.sequences(batch, adv, weighting)
+    if not len(seqs):
+        return 0.0, theta.flat_grad(None), sel.window
+    cells = [(kept[gi], ci) for gi, ci in seqs.origin]
+    logp, mask = _pad([theta.leaves[c] for c in cells])
+    old, _ = _pad([theta.old[c] for c in cells])
+    ref, _ = _pad([theta.ref[c] for c in cells])
+    old, ref = old if config.num_iterations > 1 else None, ref if config.beta > 0 else None
+    loss, _ = micro_batch_loss(config, seqs, list(range(len(seqs))), logp, mask, old, ref)
+    if scale:  # the loss's size: Σ |each completion's term| (the normalisers are the step's, so terms add up)
+        return sum(abs(micro_batch_loss(config, seqs, [j], logp[j:j + 1], mask[j:j + 1],
+                                        None if old is None else old[j:j + 1],
+                                        None if ref is None else ref[j:j + 1])[0].item()) for j in range(len(seqs)))
+    return loss.item(), theta.flat_grad(loss), sel.window
+
+
+# --- every outcome of a draw, with its probability -------------------------------------------------------
+
+
+def _bernoulli_outcomes(p: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+    free = [j for j in range(p.numel()) if 0 < p[j] < 1]
+    out = []
+    for bits in itertools.product((False, True), repeat=len(free)):
+        keep, prob = p >= 1, 1.0
+        for j, b in zip(free, bits, strict=True):
+            keep[j] = b
+            prob *= float(p[j]) if b else 1 - float(p[j])
+        out.append((keep.clone(), prob))
+    return out
+
+
+def _systematic_outcomes(p: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+    n = p.numel()
+    found: dict[tuple[bool, ...], float] = {}
+    for perm in itertools.permutations(range(n)):
+        order = torch.tensor(perm)
+        cum = torch.cumsum(p[order], 0)
+        cum = torch.where((cum - cum.round()).abs() < 1e-9, cum.round(), cum)  # as systematic_draw snaps
+        cuts = sorted({0.0, 1.0, *[float(c - math.floor(c)) for c in cum]})
+        for a, b in itertools.pairwise(cuts):
+            if b > a:  # the kept set is constant for u in (a, b)
+                keep = pruning.systematic_draw(p, order, (a + b) / 2)
+                key = tuple(keep.tolist())
+                found[key] = found.get(key, 0.0) + (b - a) / math.factorial(n)
+    return [(torch.tensor(k, dtype=torch.bool), v) for k, v in found.items()]
+
+
+def outcomes(probs: torch.Tensor, fixed_size: bool) -> list[tuple[torch.Tensor, float]]:
+    """Every result of ``pruning.sample_keep(probs, ..., fixed_size)`` with its probability (rows independent)."""
+    p = torch.as_tensor(probs, dtype=torch.float64)
+    one = _systematic_outcomes if fixed_size else _bernoulli_outcomes
+    if p.ndim == 1:
+        return one(p)
+    out = []
+    for combo in itertools.product(*[one(row) for row in p]):
+        out.append((torch.stack([k for k, _ in combo]), math.prod(v for _, v in combo)))
+    return out
+
+
+class Enumerator:
+    """Stands in for ``pruning.sample_keep``: replays one path through the tree of the step's draws."""
+
+    def __init__(self):
+        self.path: list[int] = []
+        self.arity: list[int] = []
+        self.cache: dict = {}  # the same probabilities come back on every path: enumerate them once
+
+    def start(self):
+        self.pos, self.prob = 0, 1.0
+
+    def sample_keep(self, probs, generator=None, fixed_size=False):
+        p = torch.as_tensor(probs, dtype=torch.float64)
+        key = (p.numpy().tobytes(), tuple(p.shape), fixed_size)
+        if key not in self.cache:
+            self.cache[key] = outcomes(p, fixed_size)
+            assert abs(sum(v for _, v in self.cache[key]) - 1) < 1e-12
+        dist = self.cache[key]
+        if self.pos == len(self.path):
+            self.path.append(0)
+            self.arity.append(len(dist))
+        keep, prob = dist[self.path[self.pos]]
+        self.pos += 1
+        self.prob *= prob
+        return keep
+
+    def advance(self) -> bool:
+        """Next path (an odometer whose later digits depend on the earlier ones); False when all are done."""
+        del self.path[self.pos:], self.arity[self.pos:]
+        while self.path:
+            self.path[-1] += 1
+            if self.path[-1] < self.arity[-1]:
+                return True
+            self.path.pop()
+            self.arity.pop()
+        return False
+
+
+def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str], theta: Params, size: int | None):
+    """E[L̂(θ)], E[∇L̂(θ)] over every draw, the number of outcomes, and the (draw-independent) window."""
+    enum = Enumerator()
+    monkeypatch.setattr(pruning, "sample_keep", enum.sample_keep)
+    loss, grad, total, n, windows = 0.0, 0.0, 0.0, 0, set()
+    while True:
+        enum.start()
+        lv, gv, window = run_step(config, estimator, ids, theta, size)
+        loss, grad, total, n = loss + enum.prob * lv, grad + enum.prob * gv, total + enum.prob, n + 1
+        windows.add(window)
+        if not enum.advance():
+            break
+    monkeypatch.undo()
+    assert abs(total - 1) < 1e-12 and len(windows) == 1
+    return loss, grad, n, windows.pop()
+
+
+def full_batch(config: DPPOConfig, ids: list[str], window: int, theta: Params) -> tuple[float, torch.Tensor, float]:
+    """Full-batch GRPO over the window (every candidate and completion, weight 1) through the same code: its
+    loss, gradient and Σ |per-completion terms| (the loss itself may nearly cancel: advantages sum to 0)."""
+    full = config.with_overrides({"pruning": "none", "prompt_prune_rate": 0.0, "completion_prune_rate": 0.0})
+    loss, grad, _ = run_step(full, make_estimator(full), ids[:window], theta, None)
+    return loss, grad, run_step(full, make_estimator(full), ids[:window], theta, None, scale=True)
+
+
+def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, size: int | None = None):
+    """Relative bias of the loss (against the size of its terms) and of the gradient, and the number of outcomes."""
+    ids = list(REWARDS)[: size * config.prompt_window_factor if config.dense_prompts else config.prompts_per_step]
+    if estimator is None:
+        estimator = make_estimator(config)
+        estimator.history = _history()
+    theta = Params(ids, ratio=config.num_iterations > 1)
+    loss, grad, n, window = exact_expectation(monkeypatch, config, estimator, ids, theta, size)
+    full_loss, full_grad, scale = full_batch(config, ids, window, theta)
+    assert full_grad.abs().max() > 0 and n > 1, "the setting should have a non-zero gradient and random draws"
+    return abs(loss - full_loss) / scale, float((grad - full_grad).norm() / full_grad.norm()), n
+
+
+def dppo_config(**overrides) -> DPPOConfig:
+    base = dict(model="unused", pruning="dppo", prompts_per_step=3, num_generations=G, max_completion_length=4,
+                prompt_prune_rate=0.5, completion_prune_rate=0.5, min_prompt_keep_prob=0.2,
+                min_completion_keep_prob=0.2, beta=0.04, num_iterations=2)
+    return DPPOConfig(**(base | overrides))
+
+
+# --- the matrix ------------------------------------------------------------------------------------------
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALINGS = ("group", "none", "batch")
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["window", "dense"])
+@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
+@pytest.mark.parametrize("scale_rewards", SCALINGS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_combination_is_exact_or_refused(monkeypatch, loss_type, scale_rewards, fixed_size, dense):
+    """KL on and a PPO ratio ≠ 1 (clipping active): the hardest case for each combination."""
+    settings = dict(loss_type=loss_type, scale_rewards=scale_rewards, fixed_size_sampling=fixed_size,
+                    dense_prompts=dense, prompt_window_factor=2)
+    if dense:
+        settings["prompts_per_step"] = 2
+    if loss_type == "dapo" or scale_rewards == "batch":
+        # both depend on which prompts were kept: refused with prompt pruning, exact with completion pruning only
+        with pytest.raises(ConfigError, match=loss_type if loss_type == "dapo" else "scale_rewards"):
+            dppo_config(**settings)
+        settings["prompt_prune_rate"] = 0.0
+    config = dppo_config(**settings)
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, config, size=config.prompts_per_step if dense else None)
+    print(f"{n} outcomes: relative bias of the loss {loss_bias:.1e}, of the gradient {grad_bias:.1e}")
+    assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
+
+
+@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
+@pytest.mark.parametrize("schemes", [("paper", "paper"), ("proportional", "proportional"), ("paper", "proportional")],
+                         ids=lambda s: "-".join(s))
+@pytest.mark.parametrize("beta,drop_zero", [(0.0, True), (0.0, False), (0.04, True)])
+def test_schemes_kl_and_zero_advantage_dropping_are_exact(monkeypatch, schemes, beta, drop_zero, fixed_size):
+    """Both keep-probability schemes, with and without the KL term; with β = 0, A = 0 completions get p = 0."""
+    config = dppo_config(prompt_scheme=schemes[0], completion_scheme=schemes[1], beta=beta, num_iterations=1,
+                         drop_zero_advantage=drop_zero, fixed_size_sampling=fixed_size)
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, config)
+    print(f"{n} outcomes: relative bias of the loss {loss_bias:.1e}, of the gradient {grad_bias:.1e}")
+    assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
+
+
+def test_the_systematic_sampler_keeps_each_unit_with_its_probability():
+    """Inclusion probabilities of the fixed-size design, exactly, for pools with integral and fractional Σp."""
+    for p in ([0.5, 0.5, 1.0, 0.2, 0.8], [0.3, 0.45, 0.9, 0.15], [1 / 3, 2 / 3, 1.0, 0.0, 0.25]):
+        p = torch.tensor(p, dtype=torch.float64)
+        incl = sum(v * k.double() for k, v in _systematic_outcomes(p))
+        assert (incl - p).abs().max() < 1e-12
+        sizes = {int(k.sum()) for k, _ in _systematic_outcomes(p)}
+        assert sizes <= {math.floor(float(p.sum())), math.ceil(float(p.sum()))}
+
+
+# --- mutants: the mistakes an implementation is likely to make must show a bias --------------------------
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
+def test_mutants_are_biased(monkeypatch, mutant, fixed_size):
+    config = dppo_config(fixed_size_sampling=fixed_size, beta=0.0, num_iterations=1)
+    est = mutant.from_config(config)
+    est.history = _history()
+    if mutant is StalePromptProbs:
+        est.stale = _history(until=STEP - 1)
+    loss_bias, grad_bias, _ = relative_bias(monkeypatch, config, estimator=est)
+    print(f"{mutant.__name__} ({'systematic' if fixed_size else 'Bernoulli'}): relative bias of the gradient "
+          f"{grad_bias:.3g}")  # shown with pytest -s (docs/estimator.md quotes them)
+    assert grad_bias > 0.01, f"{mutant.__name__}: gradient bias only {grad_bias:.2e}"
+    # and the real estimator, same setting, passes
+    loss_bias, grad_bias, _ = relative_bias(monkeypatch, config)
+    assert grad_bias <= TOL
+
+
+@pytest.mark.parametrize("loss_type,scale_rewards", [("dapo", "group"), ("grpo", "batch")])
+def test_the_refused_combinations_would_be_biased(monkeypatch, loss_type, scale_rewards):
+    """Why DPPOConfig refuses them: forced past the check, their exact expectation is off."""
+    config = dppo_config(beta=0.0, num_iterations=1)
+    object.__setattr__(config, "loss_type", loss_type)  # past the config's check, for this demonstration only
+    object.__setattr__(config, "scale_rewards", scale_rewards)
+    _, grad_bias, _ = relative_bias(monkeypatch, config)
+    print(f"{loss_type} / {scale_rewards} with prompt pruning: relative bias of the gradient {grad_bias:.3g}")
+    assert grad_bias > 1e-3, f"{loss_type} / {scale_rewards}: gradient bias only {grad_bias:.2e}"
+
+
+# --- end to end: the gradient that reaches the optimizer, through the trainer's update ---------------------
+
+
+def test_the_gradient_reaching_the_optimizer_is_exact_in_expectation(monkeypatch, tiny_model_dir, tmp_path):
+    """The embedded tiny model, real rollouts, ``trainer.update`` (micro-batches, KL to the reference): the
+    expected gradient at ``optimizer.step`` over every draw equals full-batch GRPO's (float32 rounding)."""
+    from dppo_core.rollout import HFRollout, SamplingConfig
+
+    def parity(prompts, completions, **columns):
+        return [float(len(c) % 2 == 0) for c in completions]
+
+    config = DPPOConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), pruning="dppo", prompts_per_step=2,
+                        num_generations=2, max_completion_length=6, prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                        min_prompt_keep_prob=0.2, min_completion_keep_prob=0.2, beta=0.04, max_grad_norm=0.0,
+                        micro_batch_size=2)
+    trainer = DPPOTrainer(config, reward_funcs=[parity], progress=False)
+    rows = trainer.prompts.sample(0, 0, 2)
+    batch = HFRollout(trainer.model, trainer.tokenizer).generate(
+        [r["prompt"] for r in rows], 2, SamplingConfig(max_tokens=6, temperature=1.0, seed=1))
+    rewards = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # both groups informative: every completion's draw matters
+    history = PromptHistory()  # the first prompt unseen (kept for sure), the second degenerate last time
+    history.update([prompt_key(rows[1])], torch.tensor([[1.0, 1.0]]), torch.zeros(1, 2), STEP - 1)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    grads: list[torch.Tensor] = []
+    monkeypatch.setattr(trainer.optimizer, "step", lambda *a, **k: grads.append(
+        torch.cat([p.grad.flatten().double() if p.grad is not None else torch.zeros(p.numel()) for p in params])))
+
+    def gradient(estimator_config) -> torch.Tensor:
+        trainer.config = estimator_config
+        trainer.estimator = make_estimator(estimator_config)
+        trainer.estimator.history = history
+        sel = trainer.select_prompts(STEP, candidates=rows)
+        if not sel.rows:
+            return torch.zeros(sum(p.numel() for p in params), dtype=torch.float64)
+        adv = group_advantages(rewards[sel.indices], estimator_config.scale_rewards)
+        seqs = trainer.build_sequences(RolloutBatch([batch.groups[i] for i in sel.indices]), adv, sel, STEP)
+        grads.clear()
+        trainer.update(seqs)
+        return grads[-1]
+
+    enum, original = Enumerator(), pruning.sample_keep
+    monkeypatch.setattr(pruning, "sample_keep", enum.sample_keep)
+    expected, n = 0.0, 0
+    while True:
+        enum.start()
+        g = gradient(config)  # (this sets enum.prob: read it after)
+        expected, n = expected + enum.prob * g, n + 1
+        if not enum.advance():
+            break
+    monkeypatch.setattr(pruning, "sample_keep", original)
+    full = gradient(config.with_overrides({"pruning": "none", "prompt_prune_rate": 0.0,
+                                           "completion_prune_rate": 0.0}))
+    assert n == 20 and full.norm() > 0  # 4 draws of the first group's completions, and 16 with both prompts
+    bias = float((expected - full).norm() / full.norm())
+    assert bias < 1e-5, f"over {n} outcomes: relative bias of the update's gradient {bias:.2e}"
