@@ -304,3 +304,99 @@ def test_lora_logprobs_and_gradients_equal_padded(tiny_model_dir):
     for name, g in grads.items():
         assert g.abs().max() > 0, name
         assert torch.allclose(g, ref_grads[name], atol=1e-6, rtol=1e-4), name
+
+
+# --------------------------------------------------------------------------------------------------
+# Position ids restart at every sequence, and the default CPU route can see it when they do not
+# --------------------------------------------------------------------------------------------------
+# The tiny model uses RoPE, which is relative: positions that fail to restart shift a whole sequence by
+# its offset in the row, and its log-probs move by only ~1e-6 on the default ("mask") route, under the
+# 1e-5 tolerance above. Two checks that do see it: the layout itself, and a model with absolute position
+# embeddings (a random 2-layer GPT-2 built from a config, no download) through the same default route.
+# Each is run against a mutant packer whose positions count on across a row (the bug) to show it has power.
+
+
+def _assert_positions_restart(batch):
+    """position_ids are 0, 1, ... from the first token of every sequence, and 0 on padding."""
+    for r, row in enumerate(batch.row_sequences):
+        bounds = batch.cu_seqlens[r].tolist()
+        for i, s, e in zip(row, bounds, bounds[1:], strict=False):
+            assert (int(batch.seq_rows[i]), int(batch.seq_offsets[i])) == (r, s)
+            assert batch.position_ids[r, s:e].tolist() == list(range(e - s)), f"sequence {i} (row {r})"
+        assert not batch.position_ids[r, bounds[-1]:].any(), f"padding of row {r}"
+
+
+@pytest.fixture
+def positions_do_not_restart(monkeypatch):
+    """The mutant: build_batch (used by pack, pad and pack_micro_batches) numbers the real tokens of each
+    row 0, 1, 2, ... straight through, so only a row's first sequence starts at 0."""
+    import dppo_core.packing as packing
+
+    real_build = packing.build_batch
+
+    def build_batch(*args, **kwargs):
+        b = real_build(*args, **kwargs)
+        real = b.seq_ids >= 0
+        b.position_ids = torch.where(real, torch.arange(b.width).expand_as(real), 0)
+        return b
+
+    monkeypatch.setattr(packing, "build_batch", build_batch)
+
+
+def _multi_sequence_rows(batches):
+    assert any(len(row) > 1 for b in batches for row in b.row_sequences), "no row holds two sequences"
+
+
+def test_position_ids_restart_at_every_sequence():
+    seqs = _sequences(8, n=30)
+    batches = [pack(seqs, 96, pad_id=PAD), pack(seqs, 200, window=1, pad_id=PAD)]
+    batches += [b for _, b in pack_micro_batches(seqs, 128, rows_per_micro_batch=2, pad_id=PAD)]
+    _multi_sequence_rows(batches)
+    for b in batches:
+        _assert_positions_restart(b)
+
+
+def test_position_check_catches_positions_that_do_not_restart(positions_do_not_restart):
+    seqs = _sequences(8, n=30)
+    for b in [pack(seqs, 96, pad_id=PAD)] + [b for _, b in pack_micro_batches(seqs, 128, 2, pad_id=PAD)]:
+        _multi_sequence_rows([b])
+        with pytest.raises(AssertionError, match="sequence"):
+            _assert_positions_restart(b)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def absolute_position_model(request):
+    """A random GPT-2 (learned absolute position embeddings), tiny: built from a config in well under a second."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=300, n_positions=256, n_embd=32, n_layer=2, n_head=2, bos_token_id=1,
+                        eos_token_id=2, pad_token_id=PAD, attn_implementation=request.param)
+    m = GPT2LMHeadModel(config).eval()
+    assert attention_implementation(m) == request.param  # the default route for both is the explicit mask
+    return m
+
+
+def _packed_minus_padded(m, seqs):
+    with torch.no_grad():
+        ref, ref_mask = _padded(m, seqs)
+        diffs = []
+        for idx, batch in [(list(range(len(seqs))), pack(seqs, 128, pad_id=PAD))] + pack_micro_batches(
+                seqs, 96, rows_per_micro_batch=2, pad_id=PAD):
+            logp, mask = packed_completion_logprobs(m, batch)  # attention="auto": the default CPU route
+            assert torch.equal(mask, ref_mask[idx, : mask.shape[1]])
+            diffs.append(float((logp - ref[idx, : logp.shape[1]]).abs().max()))
+    return max(diffs)
+
+
+def test_packed_logprobs_equal_padded_with_absolute_positions(absolute_position_model):
+    seqs = _sequences(9, n=20)
+    _multi_sequence_rows([pack(seqs, 128, pad_id=PAD)])
+    assert _packed_minus_padded(absolute_position_model, seqs) < 1e-5
+
+
+def test_absolute_positions_catch_positions_that_do_not_restart(absolute_position_model, positions_do_not_restart):
+    """The negative control of the test above: the same comparison, on the same default route, fails by far
+    more than its tolerance when the packer's positions count on across a row."""
+    seqs = _sequences(9, n=20)
+    assert _packed_minus_padded(absolute_position_model, seqs) > 1e-2
