@@ -222,7 +222,7 @@ def full_batch(config: DPPOConfig, ids: list[str], window: int, theta: Params) -
     return loss, grad, run_step(full, make_estimator(full), ids[:window], theta, None, scale=True)
 
 
-def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, size: int | None = None):
+def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, size: int | None = None, random: bool = True):
     """Relative bias of the loss (against the size of its terms) and of the gradient, and the number of outcomes."""
     ids = list(REWARDS)[: size * config.prompt_window_factor if config.dense_prompts else config.prompts_per_step]
     if estimator is None:
@@ -231,7 +231,7 @@ def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, size: int | N
     theta = Params(ids, ratio=config.num_iterations > 1)
     loss, grad, n, window = exact_expectation(monkeypatch, config, estimator, ids, theta, size)
     full_loss, full_grad, scale = full_batch(config, ids, window, theta)
-    assert full_grad.abs().max() > 0 and n > 1, "the setting should have a non-zero gradient and random draws"
+    assert full_grad.abs().max() > 0 and (n > 1 or not random), "the setting should have a gradient and random draws"
     return abs(loss - full_loss) / scale, float((grad - full_grad).norm() / full_grad.norm()), n
 
 
@@ -378,3 +378,14 @@ def test_the_gradient_reaching_the_optimizer_is_exact_in_expectation(monkeypatch
     assert n == 20 and full.norm() > 0  # 4 draws of the first group's completions, and 16 with both prompts
     bias = float((expected - full).norm() / full.norm())
     assert bias < 1e-5, f"over {n} outcomes: relative bias of the update's gradient {bias:.2e}"
+
+
+@pytest.mark.parametrize("baseline", [dict(pruning="cppo", prompt_prune_rate=0.0, completion_prune_rate=0.5),
+                                      dict(pruning="greso", prompt_prune_rate=0.5, completion_prune_rate=0.0)],
+                         ids=lambda b: b["pruning"])
+def test_the_biased_baselines_are_biased(monkeypatch, baseline):
+    """The negative controls' exact bias on the same steps (CPPO draws nothing: one outcome)."""
+    config = dppo_config(beta=0.0, num_iterations=1, **baseline)
+    _, grad_bias, n = relative_bias(monkeypatch, config, random=baseline["pruning"] != "cppo")
+    print(f"{baseline['pruning']}: {n} outcomes, relative bias of the gradient {grad_bias:.3g}")
+    assert grad_bias > 0.01
