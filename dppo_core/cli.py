@@ -120,28 +120,147 @@ def _bench_command(args: argparse.Namespace, output_dir: Path, seeds: list[int] 
     return " ".join(shlex.quote(p) for p in [*parts, *overrides])
 
 
+class EvalInputError(ValueError):
+    """A ``dppo eval`` input that cannot work (model, benchmark, data): printed as one line, exit code 2."""
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers (a TCP connection to its host within ``timeout`` seconds).
+
+    False at once when ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set.
+    """
+    import os
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    answered: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
+                                     timeout=timeout).close()
+            answered.append(True)
+        except (OSError, UnicodeError):
+            answered.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # name resolution ignores the socket's timeout
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(answered and answered[0])
+
+
+def _hub_cached(repo_id: str, kind: str) -> bool:
+    """Whether a Hub model or dataset (``kind``) has a copy in the local Hugging Face caches."""
+    import os
+
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    names = [Path(constants.HF_HUB_CACHE) / f"{kind}s--{repo_id.replace('/', '--')}"]
+    if kind == "dataset":
+        cache = os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets"
+        names.append(Path(cache) / repo_id.replace("/", "___"))
+    return any(n.is_dir() for n in names)
+
+
+def check_eval_model(model: str) -> None:
+    """Refuse a ``--model`` that cannot be loaded, before any data is read (an :class:`EvalInputError`)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise EvalInputError(f"--model {model} is a directory without config.json; pass the directory that "
+                                 "save_pretrained wrote (e.g. runs/tiny-grpo/final) or a Hub id")
+        return
+    if path.exists():
+        raise EvalInputError(f"--model {model} is a file; pass a model directory (config.json and weights) "
+                             "or a Hub id")
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise EvalInputError(f"--model {model} does not exist; pass a model directory (e.g. runs/tiny-grpo/final) "
+                             "or a Hub id (org/name)")
+    if not _hub_cached(model, "model") and not hub_reachable():
+        raise EvalInputError(f"--model {model} is no local directory, and the Hugging Face Hub is unreachable "
+                             "(offline) with no cached copy; pass a local model directory, or go online")
+
+
+def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | None) -> dict:
+    """The records of each benchmark, or an :class:`EvalInputError` naming the input and the fix.
+
+    A benchmark with no local copy (no ``--data-dir``, ``$DPPO_DATA_DIR`` unset) is fetched from the Hub; when
+    the Hub is unreachable and has not cached it, this fails at once instead of retrying the network.
+    """
+    import os
+
+    from dppo_core.benchmark_data import BENCHMARKS, load_benchmark
+
+    local = data_dir if data_dir is not None else os.environ.get("DPPO_DATA_DIR") or None
+    by_name = [n for n in names if Path(n).expanduser().suffix != ".jsonl" and not Path(n).expanduser().exists()]
+    for name in by_name:  # every name first, so a typo is reported before any data is looked for
+        if name.lower().replace("-", "_") not in BENCHMARKS:
+            raise EvalInputError(f"unknown benchmark {name!r}; known names: {', '.join(BENCHMARKS)} "
+                                 "(or the path of a .jsonl file)")
+    online: bool | None = None
+    out = {}
+    for name in names:
+        if name in by_name and local is None:  # from the Hub
+            spec = BENCHMARKS[name.lower().replace("-", "_")]
+            online = hub_reachable() if online is None else online
+            if not online:
+                if not _hub_cached(spec.hub_id, "dataset"):
+                    raise EvalInputError(
+                        f"benchmark {name!r} has no local copy and the Hugging Face Hub is unreachable (offline); "
+                        f"pass --data-dir DIR (a directory with {spec.file}), set DPPO_DATA_DIR=DIR, or go online")
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read the cached copy without retrying the network
+                os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        try:
+            out[name] = load_benchmark(name, data_dir=data_dir, limit=limit)
+        except (ValueError, OSError, ImportError) as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise EvalInputError(message if repr(name) in message else f"benchmark {name!r}: {message}") from exc
+    return out
+
+
+_EXTRACTION_HELP = {
+    "lenient": "the boxed answer, else the final answer stated in the last sentence or display",
+    "strict": "the boxed answer only (or '#### N' / 'the answer is'), as the RL reward",
+}
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as JSON."""
+    names = [n for item in args.benchmarks for n in item.split(",") if n]
+    try:
+        check_eval_model(args.model)  # first: a wrong path should not wait for the data
+        benchmarks = load_eval_benchmarks(names, args.data_dir, args.limit)
+    except EvalInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     import torch
 
-    from dppo_core.benchmark_data import load_benchmark
     from dppo_core.evaluate import evaluate_benchmarks
     from dppo_core.models import load_model
     from dppo_core.rollout import HFRollout
 
-    names = [n for item in args.benchmarks for n in item.split(",") if n]
-    benchmarks = {n: load_benchmark(n, data_dir=args.data_dir, limit=args.limit) for n in names}
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model(args.model, device=device)
     engine = HFRollout(model, tokenizer, batch_size=args.batch_size)
+    other = "strict" if args.extraction == "lenient" else "lenient"
+    print(f"answer extraction: {args.extraction} ({_EXTRACTION_HELP[args.extraction]}; "
+          f"--extraction {other} for the other)")
     ev = evaluate_benchmarks(engine, benchmarks, samples_per_problem=args.samples, ks=args.k,
                              temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                             seed=args.seed, chunk_size=args.batch_size)
+                             seed=args.seed, chunk_size=args.batch_size, extraction=args.extraction)
     ev.settings.update(model=str(args.model), benchmarks=names, limit=args.limit)
     print(ev.table())
-    print(f"done in {time.perf_counter() - t0:.1f} s")
+    print(f"done in {time.perf_counter() - t0:.1f} s (answer extraction: {args.extraction})")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(ev.to_dict(), indent=2))
     print(f"results and {len(ev.completions)} completions written to {args.output}")
@@ -270,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dppo",
         description="DPPO (Dynamic Pruning Policy Optimization) from scratch: GRPO that prunes what carries "
-                    "no signal, stays unbiased, and packs what is left.",
+                    "no signal, keeps its loss and gradient unbiased, and packs what is left.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -336,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available, else cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("eval.json"), help="results JSON (default eval.json)")
+    p.add_argument("--extraction", choices=["lenient", "strict"], default="lenient",
+                   help="how a completion's answer is found: lenient (default) takes the boxed answer, else the "
+                        "final answer stated in the last sentence or display; strict only the boxed one (or "
+                        "'#### N' / 'the answer is'), as the RL reward does")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("train", help="train with GRPO / DPPO from a preset or a YAML config",

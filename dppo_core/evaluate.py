@@ -230,6 +230,7 @@ def evaluate_benchmarks(
     chunk_size: int = 32,
     reward_fn=None,
     progress: bool = True,
+    extraction: str = "lenient",
 ) -> BenchmarkEvaluation:
     """pass@1 and pass@k of a rollout engine on benchmarks.
 
@@ -241,11 +242,18 @@ def evaluate_benchmarks(
         samples_per_problem: n samples per problem; pass@1 is the mean over them. Every k in ``ks`` must be
             <= n (use ``temperature > 0`` for k > 1, greedy samples are all alike).
         chunk_size: problems per ``generate`` call (the progress bar advances per chunk).
-        reward_fn: ``fn(completions, answers) -> list[float]``; default :func:`dppo_core.rewards.math_rewards`.
+        reward_fn: ``fn(completions, answers) -> list[float]``; default :func:`dppo_core.rewards.math_rewards`
+            with ``extraction``.
+        extraction: how the default reward finds a completion's answer (:func:`dppo_core.rewards.extract_answer`):
+            ``"lenient"`` (default: the boxed answer, else the final answer stated in the last sentence or
+            display, as math-verify finds it) or ``"strict"`` (the RL reward's: boxed, ``####`` or "the answer
+            is"). Recorded in ``settings["extraction"]`` (``"custom"`` with a ``reward_fn``).
     """
+    import functools
+
     from tqdm.auto import tqdm
 
-    from dppo_core.rewards import math_rewards
+    from dppo_core.rewards import check_mode, math_rewards
 
     ks = sorted({1, *ks})
     if ks[-1] > samples_per_problem:
@@ -254,10 +262,12 @@ def evaluate_benchmarks(
     if temperature == 0 and samples_per_problem > 1:
         raise ValueError("greedy decoding (temperature=0) gives the same completion every time; use "
                          "samples_per_problem=1 or a temperature > 0")
-    reward_fn = reward_fn or math_rewards
+    check_mode(extraction)
     settings = {"samples_per_problem": samples_per_problem, "ks": ks, "temperature": temperature,
                 "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
-                "engine": getattr(engine, "name", type(engine).__name__)}
+                "engine": getattr(engine, "name", type(engine).__name__),
+                "extraction": extraction if reward_fn is None else "custom"}
+    reward_fn = reward_fn or functools.partial(math_rewards, mode=extraction)
     total = sum(len(records) for records in benchmarks.values())
     bar = tqdm(total=total, desc="eval", unit="problem", disable=not progress)
     results: dict[str, BenchmarkResult] = {}

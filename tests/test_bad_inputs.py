@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -376,6 +377,52 @@ def test_vllm_auto_falls_back_to_transformers(small_model, tmp_path):
     messages = [str(w.message) for w in record if w.category is RuntimeWarning]
     assert len(messages) == 1 and re.match(r"vLLM could not start \(FileNotFoundError: .*no-such-model.*\); "
                                            "falling back to transformers", messages[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# dppo eval: checked before anything is loaded, one line on stderr, exit code 2
+# --------------------------------------------------------------------------------------------------
+
+
+def _eval_fails(argv, capsys) -> str:
+    from dppo_core.cli import main
+
+    t0 = time.perf_counter()
+    assert main(["eval", *argv]) == 2
+    assert time.perf_counter() - t0 < 5.0  # no model loaded, no network retried
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_eval_unknown_benchmark(small_model_dir, capsys):
+    err = _eval_fails(["--model", str(small_model_dir), "--benchmarks", "gsm8k,gsm9k"], capsys)
+    assert err == ("error: unknown benchmark 'gsm9k'; known names: gsm8k, gsm8k_train, math500, aime24, amc23, "
+                   "minerva_math, olympiadbench, math (or the path of a .jsonl file)")
+
+
+def test_eval_benchmark_without_local_copy_offline(small_model_dir, monkeypatch, capsys):
+    import dppo_core.cli as cli
+
+    monkeypatch.delenv("DPPO_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the Hub probe finds offline, without probing
+    monkeypatch.setattr(cli, "_hub_cached", lambda repo_id, kind: False)
+    err = _eval_fails(["--model", str(small_model_dir), "--benchmarks", "math500"], capsys)
+    assert err == ("error: benchmark 'math500' has no local copy and the Hugging Face Hub is unreachable (offline); "
+                   "pass --data-dir DIR (a directory with math500_test.jsonl), set DPPO_DATA_DIR=DIR, or go online")
+    err = _eval_fails(["--model", str(small_model_dir), "--benchmarks", "math500", "--data-dir", "/no/such/dir"],
+                      capsys)
+    assert err.startswith("error: benchmark 'math500': /no/such/dir/math500_test.jsonl does not exist")
+
+
+def test_eval_model_path_does_not_exist(tmp_path, capsys):
+    # the model is checked first: the unknown benchmark is not reached
+    err = _eval_fails(["--model", "./no/such/model", "--benchmarks", "gsm9k"], capsys)
+    assert err == ("error: --model ./no/such/model does not exist; pass a model directory (e.g. runs/tiny-grpo/final) "
+                   "or a Hub id (org/name)")
+    err = _eval_fails(["--model", str(tmp_path), "--benchmarks", "gsm9k"], capsys)
+    assert err.endswith("is a directory without config.json; pass the directory that save_pretrained wrote "
+                        "(e.g. runs/tiny-grpo/final) or a Hub id")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dppo_core.benchmark_data import (
     load_benchmark,
     read_jsonl,
 )
-from dppo_core.rewards import extract_answer, math_reward, math_rewards, parse_number
+from dppo_core.rewards import extract_answer, math_reward, math_rewards, parse_number, parse_written_number
 
 SIZES = {"gsm8k": 1319, "math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 674}
 
@@ -123,10 +123,14 @@ def test_gsm8k_solutions_score_one(suite):
 
 
 def _perturbations(answer: str) -> list[str]:
-    """Wrong answers near a right one: off by one, wrong sign, another fraction."""
+    """Wrong answers near a right one: off by one (by one unit in the last written place for a rounded
+    decimal such as 4.5e33, which 4.5e33 + 1 rounds to), wrong sign, another fraction."""
     value = parse_number(answer)
+    written = parse_written_number(answer)
     out = []
-    if value is not None and value.denominator == 1:
+    if written is not None and written.ulp is not None:
+        out.append(str(value + written.ulp))
+    elif value is not None and value.denominator == 1:
         out.append(str(value + 1))
     if value:
         out.append(str(-value))
