@@ -18,7 +18,7 @@ from typing import Any
 # light); dppo_core.grpo and dppo_core.pruning check their arguments against the same tuples.
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
-PRUNING_MODES = ("none", "dppo", "cppo", "greso")  # dppo_core.estimator.ESTIMATORS has one entry per mode
+PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
 SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning (prompt_scheme, completion_scheme)
@@ -95,8 +95,9 @@ class DPPOConfig:
     """``"none"`` (plain GRPO), ``"dppo"`` (Dynamic Pruning Policy Optimization, not Divergence PPO: pruned
     prompts and completions, importance weights 1 / (pi_q p_qi), so the loss and its gradient at the step's
     parameters are unbiased for the full batch's; not the optimizer's update), or the BIASED baselines
-    ``"cppo"`` (top-k completions by |A|, no weights) and ``"greso"`` (skip prompts whose last group was
-    degenerate, no weights)."""
+    ``"cppo"`` (top-k completions by |A|, no weights), ``"greso"`` (skip prompts whose last group was
+    degenerate, no weights) and ``"pods"`` (keep the G - round(r_o*G) completions whose rewards vary most,
+    no weights, advantages over the kept ones)."""
     prompt_prune_rate: float = 0.0
     """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means)."""
     completion_prune_rate: float = 0.0
@@ -236,6 +237,8 @@ class DPPOConfig:
              "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
         need(self.pruning != "cppo" or self.prompt_prune_rate == 0, "prompt_prune_rate",
              "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
+        need(self.pruning != "pods" or self.prompt_prune_rate == 0, "prompt_prune_rate",
+             "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
         need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
              "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
         need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")

@@ -26,9 +26,9 @@ shrinks heavy-weight draws), and from a second PPO epoch on θ depends on the dr
 
 Modes (``ESTIMATORS``, chosen once by name): ``none`` (plain GRPO: everything, weight 1), ``dppo``
 (random pruning with importance weights; unbiased as above), and the BIASED baselines ``cppo`` (top-k
-completions by |A|, no weights, normalised by the number kept) and ``greso`` (skip prompts whose last
-group was degenerate, no weights). Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL
-and verl also call "DPPO".
+completions by |A|, no weights, normalised by the number kept), ``greso`` (skip prompts whose last
+group was degenerate, no weights) and ``pods`` (the completions whose rewards vary most, no weights).
+Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL and verl also call "DPPO".
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import torch
 
 from dppo_core import pruning
+from dppo_core.grpo import group_advantages
 from dppo_core.pruning import PromptHistory
 
 
@@ -63,6 +64,7 @@ class Weighting:
     keep: torch.Tensor  # (P, G) bool
     weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where dropped
     num_sequences: int  # the normaliser C of the grpo / dr_grpo losses: |B|·G (dppo), P·G (none, greso), kept (cppo)
+    advantages: torch.Tensor | None = None  # (P, G) replaces the step's advantages where kept (pods); None: keep them
 
 
 def full_selection(size: int) -> Selection:
@@ -99,8 +101,10 @@ class Estimator:
         return full_selection(len(candidate_ids) if size is None else min(size, len(candidate_ids)))
 
     # --- after reward -----------------------------------------------------------------------------
-    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
-        """Keep mask, weights and normaliser for the (P, G) advantages of the rolled-out groups."""
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
+              rewards: torch.Tensor | None = None) -> Weighting:
+        """Keep mask, weights and normaliser for the (P, G) advantages of the rolled-out groups (``rewards``, of
+        the same shape, only for a mode that reads them: ``pods``)."""
         p, g = advantages.shape
         return Weighting(torch.ones(p, g, dtype=torch.bool), torch.ones(p, g, dtype=torch.float64), p * g)
 
@@ -199,7 +203,8 @@ class DPPOEstimator(PromptPruning):
                 min_keep_prob=self.min_completion_keep_prob, beta=self.beta, drop_zero=self.drop_zero_advantage)
         return torch.ones(advantages.shape, dtype=torch.float64)
 
-    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
+              rewards: torch.Tensor | None = None) -> Weighting:
         if selection is None:
             if self.prompt_prune_rate > 0:
                 raise ValueError("DPPOEstimator.weigh: prompts are pruned, so pass the step's Selection (its keep "
@@ -228,7 +233,8 @@ class CPPOEstimator(Estimator):
         return cls(seed=config.seed, history_max_age=config.history_max_age,
                    completion_prune_rate=config.completion_prune_rate)
 
-    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0) -> Weighting:
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
+              rewards: torch.Tensor | None = None) -> Weighting:
         keep = pruning.cppo_keep(advantages, self.completion_prune_rate)
         return Weighting(keep, keep.to(torch.float64), int(keep.sum()))
 
@@ -252,8 +258,41 @@ class GRESOEstimator(PromptPruning):
                                         max_age=self.history_max_age)
 
 
+@dataclass(kw_only=True)
+class PODSEstimator(Estimator):
+    """``pods`` (BIASED baseline; Xu et al. 2025, "Not All Rollouts are Useful: Down-Sampling Rollouts in LLM
+    Reasoning"): roll out G per prompt, train on the ``G - round(r·G)`` (at least 2) whose rewards have the
+    largest variance, weight 1, advantages recomputed over the kept ones (PODS runs GRPO on the down-sampled
+    group), normalised by the number kept. Needs the rewards: ``weigh(A, selection, step, rewards=R)``."""
+
+    name: ClassVar[str] = "pods"
+    completion_prune_rate: float = 0.0
+    scale_rewards: str = "group"
+
+    @classmethod
+    def from_config(cls, config: Any) -> PODSEstimator:
+        return cls(seed=config.seed, history_max_age=config.history_max_age,
+                   completion_prune_rate=config.completion_prune_rate, scale_rewards=config.scale_rewards)
+
+    def num_kept(self, group_size: int) -> int:
+        return max(2, group_size - round(self.completion_prune_rate * group_size))
+
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
+              rewards: torch.Tensor | None = None) -> Weighting:
+        if rewards is None:
+            raise ValueError("PODSEstimator.weigh needs the step's rewards (rewards=...): it keeps the completions "
+                             "whose rewards vary most and recomputes their advantages")
+        p, g = advantages.shape
+        m = min(g, self.num_kept(g))
+        keep = pruning.pods_keep(rewards, m) if p else torch.zeros(p, g, dtype=torch.bool)
+        adv = torch.zeros(p, g, dtype=advantages.dtype)
+        if p:
+            adv[keep] = group_advantages(torch.as_tensor(rewards)[keep].view(p, m), self.scale_rewards).flatten()
+        return Weighting(keep, keep.to(torch.float64), int(keep.sum()), advantages=adv)
+
+
 ESTIMATORS: dict[str, type[Estimator]] = {
-    cls.name: cls for cls in (Estimator, DPPOEstimator, CPPOEstimator, GRESOEstimator)
+    cls.name: cls for cls in (Estimator, DPPOEstimator, CPPOEstimator, GRESOEstimator, PODSEstimator)
 }
 
 

@@ -48,6 +48,7 @@ Biased baselines, for comparison only (the tests and chapter 06 show their bias)
   without weights.
 * :func:`greso_keep_probs` — GRESO: skip prompts whose last group had zero reward variance with a
   probability, and train on the rest without weights.
+* :func:`pods_keep` — PODS: keep the completions of each group whose rewards vary most, without weights.
 """
 
 from __future__ import annotations
@@ -400,6 +401,30 @@ def cppo_keep(advantages: torch.Tensor, rate: float) -> torch.Tensor:
     order = torch.argsort(-adv.abs(), dim=1, stable=True)[:, :k]
     keep = torch.zeros_like(adv, dtype=torch.bool)
     keep.scatter_(1, order, True)
+    return keep
+
+
+def pods_keep(rewards: torch.Tensor, num_keep: int) -> torch.Tensor:
+    """BIASED baseline (PODS, Xu et al. 2025, max-variance down-sampling): in each group, the ``num_keep``
+    completions whose rewards have the largest variance.
+
+    A subset of given size with the largest variance is made of the i lowest and the num_keep - i highest
+    rewards for some i (the paper's lemma), so each row tries every i (ties go to the smallest i). Returns a
+    bool mask shaped like ``rewards`` (P, G).
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    if r.ndim != 2 or not 1 <= num_keep <= r.shape[1]:
+        raise ValueError(f"rewards must be (P, G) and num_keep in [1, G]; got {tuple(r.shape)} and {num_keep}")
+    keep = torch.zeros_like(r, dtype=torch.bool)
+    for q in range(r.shape[0]):
+        order = torch.argsort(r[q], stable=True)
+        best, best_var = None, -1.0
+        for i in range(num_keep + 1):
+            idx = torch.cat([order[:i], order[r.shape[1] - (num_keep - i):]])
+            var = float(r[q, idx].var(unbiased=False))
+            if var > best_var + 1e-12:
+                best, best_var = idx, var
+        keep[q, best] = True
     return keep
 
 

@@ -262,19 +262,22 @@ class DPPOTrainer:
         return total.view(len(rows), g), means
 
     def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor, selection: Selection | None = None,
-                        step: int | None = None, group_offset: int = 0) -> Sequences:
+                        step: int | None = None, group_offset: int = 0, rewards: torch.Tensor | None = None
+                        ) -> Sequences:
         """The completions to train on, with their weights and the loss normaliser (the estimator's ``weigh``).
 
         Data parallel: ``advantages`` (and ``selection``) cover the whole step, so the keep draws are those
         of a single process; ``batch`` holds this rank's groups, rows ``group_offset ...`` of ``advantages``.
         """
-        weighting = self.estimator.weigh(advantages, selection, self.step if step is None else step)
+        weighting = self.estimator.weigh(advantages, selection, self.step if step is None else step, rewards=rewards)
         return self.sequences(batch, advantages, weighting, group_offset)
 
     @staticmethod
     def sequences(batch: RolloutBatch, advantages: torch.Tensor, weighting: Weighting,
                   group_offset: int = 0) -> Sequences:
         """This rank's kept completions as :class:`Sequences` (completions without tokens have no loss: skipped)."""
+        if weighting.advantages is not None:  # the estimator recomputed them (pods)
+            advantages = weighting.advantages
         prompt_ids, completion_ids, adv, w, origin = [], [], [], [], []
         pruned_tokens = 0
         for gi, grp in enumerate(batch.groups, start=group_offset):
@@ -371,7 +374,7 @@ class DPPOTrainer:
         self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, self.step)
         timer.lap("reward")
         # 4. weigh: which completions to train on, their weights 1/(π_q p_qi) and the normaliser
-        weighting = self.estimator.weigh(adv, selection, self.step)
+        weighting = self.estimator.weigh(adv, selection, self.step, rewards=rewards)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
         lens = torch.tensor(lengths).view_as(weighting.keep)  # (P, G): every rank's groups
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss

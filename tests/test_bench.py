@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -346,7 +347,9 @@ def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, 
         changed = {k for k, v in config.to_dict().items() if grpo[k] != v} - {"output_dir"}
         assert changed <= set(bench.method_settings(preset, m)), (m, changed)
         if m in METHOD_OVERRIDES and m not in bench.DERIVED_METHODS:
-            assert bench.method_settings(preset, m) == {**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})}
+            halved = {"prompts_per_step": grpo["prompts_per_step"] // 2} if m in bench.HALF_BATCH_METHODS else {}
+            assert bench.method_settings(preset, m) == {**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {}),
+                                                        **halved}
         assert config.train_pool_size is not None, "every method samples one fixed pool of prompts"
     if "trl_grpo" in configs:
         args = trl_grpo_args(configs["trl_grpo"], tmp_path)
@@ -620,3 +623,37 @@ def test_committed_result_outside_a_checkout_downloads_or_names_the_file(tmp_pat
     assert bench.committed_result("benchmarks/y.md", start=here) == "from the repository"
     with pytest.raises(FileNotFoundError, match="benchmarks/missing.json.*clone of the repository"):
         bench.committed_result("benchmarks/missing.json", start=here)
+
+
+def test_the_strong_baselines_and_pods_are_what_their_names_say(tmp_path):
+    preset = BENCH_PRESETS["cpu-baselines"]
+    grpo, skip, half, pods = (method_config(preset, m, 1, tmp_path) for m in ("grpo", "grpo_skip", "grpo_half", "pods"))
+    # grpo_skip: the estimator with nothing pruned but the completions whose loss is identically zero (beta 0)
+    assert skip.pruning == "dppo" and skip.prompt_prune_rate == skip.completion_prune_rate == 0.0
+    assert skip.drop_zero_advantage and skip.beta == 0.0 and skip.packing
+    assert half.prompts_per_step == grpo.prompts_per_step // 2 and half.pruning == "none"
+    assert pods.pruning == "pods" and pods.completion_prune_rate == 0.5 and pods.prompt_prune_rate == 0.0
+    assert preset.seeds == (1, 2, 3, 4, 5) and 0 not in preset.seeds  # seed 0 tuned cpu-full's DPPO rate
+
+
+def test_paired_speedups_are_geometric_means_with_a_t_interval():
+    def run(seed, step, wall, ttt):
+        return {"seed": seed, "step_time_s": {"median": step}, "wall_s": wall, "time_to_target_s": ttt}
+
+    runs = {"grpo": [run(1, 2.0, 100.0, 80.0), run(2, 2.0, 100.0, 60.0), run(3, 2.0, 100.0, 90.0)],
+            "dppo": [run(1, 1.0, 50.0, 40.0), run(2, 0.5, 40.0, None), run(3, 1.0, 25.0, 45.0)]}
+    out = bench.paired_speedups(runs, "grpo")
+    step = out["dppo"]["step_time"]
+    assert step["per_seed"] == [2.0, 4.0, 2.0] and step["n"] == 3
+    logs = [math.log(2), math.log(4), math.log(2)]
+    mean, sd = sum(logs) / 3, statistics.stdev(logs)
+    assert math.isclose(step["mean"], math.exp(mean))
+    assert math.isclose(step["low"], math.exp(mean - 4.303 * sd / math.sqrt(3)))
+    assert math.isclose(step["high"], math.exp(mean + 4.303 * sd / math.sqrt(3)))
+    ttt = out["dppo"]["time_to_target"]  # seed 2 missed the target: no ratio for it
+    assert ttt["per_seed"] == [2.0, 2.0] and ttt["n"] == 2 and math.isclose(ttt["low"], 2.0)
+    assert out["grpo"]["wall"]["mean"] == 1.0
+    single = bench.paired_speedups({"grpo": runs["grpo"][:1], "dppo": runs["dppo"][:1]}, "grpo")
+    assert single["dppo"]["wall"]["low"] is None and single["dppo"]["wall"]["mean"] == 2.0
+    text = "\n".join(bench.report.format_intervals({"speedup_intervals": {"grpo": out}}))
+    assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "| `grpo` |" not in text

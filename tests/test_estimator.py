@@ -15,6 +15,7 @@ from dppo_core.estimator import (
     DPPOEstimator,
     Estimator,
     GRESOEstimator,
+    PODSEstimator,
     make_estimator,
 )
 from dppo_core.pruning import PromptHistory
@@ -108,6 +109,25 @@ def test_biased_baselines_are_what_they_say():
     assert probs.tolist() == [0.5, 1.0]
     sel = greso.select(["a", "b"], step=1)
     assert greso.weigh(torch.ones(len(sel.indices), 2), sel).num_sequences == 2 * len(sel.indices)
+
+
+def test_pods_trains_the_most_varied_half_with_advantages_over_it():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.2, 0.9, 0.5, 0.4]])
+    from dppo_core.grpo import group_advantages
+
+    est = PODSEstimator(completion_prune_rate=0.5)
+    with pytest.raises(ValueError, match="rewards"):
+        est.weigh(group_advantages(rewards), None, 0)
+    w = est.weigh(group_advantages(rewards), None, 0, rewards=rewards)
+    assert w.keep[0, 0] and w.keep[0].sum() == 2 and w.keep[1].tolist() == [True, True, False, False]
+    assert w.num_sequences == 4 and w.weights[w.keep].eq(1).all() and w.weights[~w.keep].eq(0).all()
+    # advantages recomputed over the two kept completions of each group: +-1 (up to the std's eps)
+    assert torch.allclose(w.advantages[w.keep].abs(), torch.ones(4), atol=1e-3)
+    assert w.advantages[0, 0] > 0 and w.advantages[1, 1] > 0 > w.advantages[1, 0]
+    config = DPPOConfig(model="unused", pruning="pods", completion_prune_rate=0.5, num_generations=8)
+    assert make_estimator(config).num_kept(8) == 4 and make_estimator(config).num_kept(2) == 2
+    with pytest.raises(ValueError, match="prompt_prune_rate"):
+        DPPOConfig(model="unused", pruning="pods", prompt_prune_rate=0.5)
 
 
 def test_dense_prompts_extend_the_window_until_the_budget_is_expected():

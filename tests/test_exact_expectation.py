@@ -389,3 +389,16 @@ def test_the_biased_baselines_are_biased(monkeypatch, baseline):
     _, grad_bias, n = relative_bias(monkeypatch, config, random=baseline["pruning"] != "cppo")
     print(f"{baseline['pruning']}: {n} outcomes, relative bias of the gradient {grad_bias:.3g}")
     assert grad_bias > 0.01
+
+
+def test_grpo_skip_trains_on_fewer_completions_with_grpos_exact_gradient(monkeypatch):
+    """The bench's grpo_skip: nothing pruned but the completions whose loss is identically zero (A = 0, β = 0)."""
+    config = dppo_config(prompt_prune_rate=0.0, completion_prune_rate=0.0, beta=0.0, num_iterations=1)
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, config, random=False)
+    assert n == 1 and loss_bias <= 1e-12 and grad_bias <= 1e-12
+    est = make_estimator(config)
+    ids = list(REWARDS)[:3]
+    rewards = torch.tensor([REWARDS[q] for q in ids])
+    w = est.weigh(group_advantages(rewards), est.select(ids, STEP), STEP)
+    # skipped: q5's whole group (all rewards equal) and q1's middle completion (its reward is the group's mean)
+    assert w.keep.sum() == 5 and w.weights[w.keep].eq(1).all()

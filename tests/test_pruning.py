@@ -17,6 +17,7 @@ from dppo_core.pruning import (
     greso_keep_probs,
     importance_weights,
     keep_probs_from_scores,
+    pods_keep,
     prompt_keep_probs,
     sample_keep,
     step_generator,
@@ -173,6 +174,21 @@ def test_cppo_keeps_the_top_k_by_absolute_advantage():
     adv = torch.tensor([[0.1, -3.0, 2.0, 0.0], [1.0, 1.0, -1.0, -1.0]])
     keep = cppo_keep(adv, 0.5)
     assert keep.tolist() == [[False, True, True, False], [True, True, False, False]]
+
+
+def test_pods_keeps_the_subset_whose_rewards_vary_most():
+    import itertools
+
+    rewards = torch.tensor([[1.0, 1, 1, 0, 0, 0, 0, 0], [0.1, 0.9, 0.5, 0.4, 0.0, 1.0, 0.6, 0.3]])
+    keep = pods_keep(rewards, 4)
+    assert keep.sum(1).tolist() == [4, 4]
+    assert sorted(rewards[0][keep[0]].tolist()) == [0.0, 0.0, 1.0, 1.0]  # half right, half wrong
+    for q in range(2):  # the largest variance of any 4-subset, found by brute force
+        best = max(float(rewards[q, list(c)].var(unbiased=False)) for c in itertools.combinations(range(8), 4))
+        assert float(rewards[q][keep[q]].var(unbiased=False)) == pytest.approx(best)
+    assert pods_keep(rewards, 8).all()
+    with pytest.raises(ValueError, match="num_keep"):
+        pods_keep(rewards, 9)
 
 
 def test_greso_skips_only_prompts_degenerate_last_time():

@@ -17,7 +17,7 @@ from dppo_core.config import DPPOConfig, preset_overrides
 from dppo_core.config import preset as training_preset
 
 #: Every method the bench knows, in the order of the plots' colours.
-METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo")
+METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -40,7 +40,21 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # dppo's configuration (see DERIVED_METHODS), run by TRL's GRPOTrainer with DPPO's estimator; it pads
     # its batches as TRL does (no packing)
     "trl_dppo": {"packing": False},
+    # the strong GRPO baseline: drops exactly the completions whose loss is identically zero (A = 0 with
+    # beta = 0; the estimator with both prune rates 0 gives them probability 0 and every other weight 1) and
+    # packs what it trains, like dppo; its gradient equals grpo's (tests/test_exact_expectation.py)
+    "grpo_skip": {"pruning": "dppo", "prompt_prune_rate": 0.0, "completion_prune_rate": 0.0,
+                  "drop_zero_advantage": True, "packing": True, "max_tokens_per_row": 128},
+    # grpo with half the prompts per step (HALF_BATCH_METHODS): is the full batch more than early training needs?
+    "grpo_half": {"pruning": "none"},
+    # PODS (Xu et al. 2025): roll out G, train on the half whose rewards vary most, no weights
+    "pods": {"pruning": "pods", "completion_prune_rate": 0.5},
 }
+#: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
+HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
+#: The baselines every speedup is also reported against, when they ran: grpo as the frameworks run it, and
+#: grpo_skip, which skips the work whose loss is exactly zero (the stronger baseline).
+REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: Methods whose configuration is another method's (with that method's preset and command-line settings)
 #: with their own :data:`METHOD_OVERRIDES` on top.
 DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo"}
@@ -117,6 +131,15 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
         runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
+        "cpu-baselines", "DPPO against strong GRPO baselines (grpo_skip: the zero-loss completions skipped; "
+                         "grpo_half: half the prompts) and the published peers (PODS, CPPO, GRESO) on the cpu-full "
+                         "setting, five seeds with paired confidence intervals",
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "dppo", "pods", "cppo", "greso"),
+        overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
+                   "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
+        runtime="about 5 hours on 2 CPU cores (35 runs of 6-12 minutes); --seeds 1 2 for a first look"),
+    BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
         base="qwen3-math-grpo", methods=DEFAULT_METHODS,
@@ -186,10 +209,14 @@ def method_lineage(method: str) -> tuple[str, ...]:
 def method_settings(preset: BenchPreset | None, method: str) -> dict[str, Any]:
     """Every field ``method`` sets on the preset's shared configuration: :data:`METHOD_OVERRIDES` and the
     preset's ``method_overrides`` (none without a preset), of the method and of those it is derived from
-    (:func:`method_lineage`). What ``bench.json`` records under ``method_overrides``."""
+    (:func:`method_lineage`), and the halved ``prompts_per_step`` of :data:`HALF_BATCH_METHODS` (before any
+    command-line override). What ``bench.json`` records under ``method_overrides``."""
     out: dict[str, Any] = {}
     for m in method_lineage(method):
         out.update({**METHOD_OVERRIDES[m], **(preset.method_overrides.get(m, {}) if preset else {})})
+    if method in HALF_BATCH_METHODS and preset is not None:
+        shared = training_preset(preset.base).with_overrides(dict(preset.overrides))
+        out["prompts_per_step"] = max(1, shared.prompts_per_step // 2)
     return out
 
 
@@ -206,6 +233,8 @@ def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str |
     for m in method_lineage(method):
         config = config.with_overrides({**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})})
         config = config.with_overrides(per_method.get(m, []))
+    if method in HALF_BATCH_METHODS:
+        config = config.with_overrides({"prompts_per_step": max(1, config.prompts_per_step // 2)})
     return config.with_overrides({"seed": seed, "output_dir": str(run_dir(output_dir, method, seed))})
 
 

@@ -18,6 +18,7 @@ from dppo_core.bench.presets import (
     BENCH_PRESETS,
     METHODS,
     PHASES,
+    REFERENCE_METHODS,
     TARGET_FRACTION,
     BenchError,
     BenchPreset,
@@ -25,7 +26,15 @@ from dppo_core.bench.presets import (
     method_settings,
     run_dir,
 )
-from dppo_core.bench.summary import aggregate_runs, compare, read_jsonl, subset_scores, summarize_run, time_to_target
+from dppo_core.bench.summary import (
+    aggregate_runs,
+    compare,
+    paired_speedups,
+    read_jsonl,
+    subset_scores,
+    summarize_run,
+    time_to_target,
+)
 
 
 def describe_machine() -> str:
@@ -100,6 +109,7 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "target_fraction_of_grpo": TARGET_FRACTION,
         "methods": aggregated,
         **compare(aggregated),
+        "speedup_intervals": {ref: paired_speedups(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
         "method_overrides": {m: method_settings(preset, m) for m in methods},
         "configs": configs,
         "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
@@ -219,9 +229,32 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
               f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
               "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
               f"Machine: {result['machine']}."]
+    lines += format_intervals(result)
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
+
+
+def _interval(entry: Mapping[str, Any] | None) -> str:
+    if not entry or entry.get("mean") is None:
+        return "–"
+    if entry.get("low") is None:
+        return f"{entry['mean']:.2f}x (n={entry['n']})"
+    return f"{entry['mean']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}] (n={entry['n']})"
+
+
+def format_intervals(result: Mapping[str, Any]) -> list[str]:
+    """Markdown tables of the speedups paired by seed with 95% intervals, against grpo and grpo_skip (if run)."""
+    lines: list[str] = []
+    for ref, table in (result.get("speedup_intervals") or {}).items():
+        lines += ["", f"Speedup over `{ref}`, paired by seed: geometric mean, 95% t-interval on the log ratios, "
+                      "seeds with a ratio (a seed where either run missed the target has none).", "",
+                  "| method | median step | training time | time to target |", "|---|---|---|---|"]
+        for name, m in table.items():
+            if name != ref:
+                lines.append(f"| `{name}` | {_interval(m['step_time'])} | {_interval(m['wall'])} "
+                             f"| {_interval(m['time_to_target'])} |")
+    return lines
 
 
 def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None) -> bool:

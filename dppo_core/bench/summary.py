@@ -8,6 +8,7 @@ token-cost bound (:func:`token_cost_bound`) and the fraction of it reached.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -168,18 +169,62 @@ def token_cost_bound(reference: Mapping[str, Any], method: Mapping[str, Any]) ->
     return _ratio(reference["wall_s"], predicted)
 
 
+def _speedups(ref: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, float | None]:
+    return {"step_time": _ratio(ref["step_time_s"]["median"], m["step_time_s"]["median"]),
+            "wall": _ratio(ref["wall_s"], m["wall_s"]),
+            "time_to_target": _ratio(ref["time_to_target_s"], m["time_to_target_s"])}
+
+
 def compare(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Speedups over grpo, the token-cost bound and the fraction of it reached, for every method."""
+    """Speedups over grpo (and over grpo_skip when it ran), the token-cost bound and the fraction of it reached."""
     ref = methods["grpo"]
     speedup, bound, fraction = {}, {}, {}
     for name, m in methods.items():
-        speedup[name] = {"step_time": _ratio(ref["step_time_s"]["median"], m["step_time_s"]["median"]),
-                         "wall": _ratio(ref["wall_s"], m["wall_s"]),
-                         "time_to_target": _ratio(ref["time_to_target_s"], m["time_to_target_s"])}
+        speedup[name] = _speedups(ref, m)
         bound[name] = token_cost_bound(ref, m)
         wall = speedup[name]["wall"]
         fraction[name] = wall / bound[name] if wall is not None and bound[name] else None
-    return {"speedup_vs_grpo": speedup, "token_cost_bound": bound, "fraction_of_bound": fraction,
-            "token_costs": token_costs(ref)}
+    out = {"speedup_vs_grpo": speedup, "token_cost_bound": bound, "fraction_of_bound": fraction,
+           "token_costs": token_costs(ref)}
+    if "grpo_skip" in methods:
+        out["speedup_vs_grpo_skip"] = {name: _speedups(methods["grpo_skip"], m) for name, m in methods.items()}
+    return out
+
+
+#: Two-sided 97.5% quantiles of Student's t for 1-10 degrees of freedom (a 95% interval).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def _t975(df: int) -> float:
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df  # within 0.01 of the exact value above 10
+
+
+def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: str) -> dict[str, Any]:
+    """Per method, its speedups over ``reference`` paired by seed, with a 95% confidence interval.
+
+    For each seed both ran, the ratio reference / method of the median step time, the training time and the
+    time to target (a seed where either missed the target has no ratio). Reported: the geometric mean and a
+    t-interval on the log ratios (exp(mean ± t·sd/√n)), ``n`` the seeds with a ratio; with one seed the
+    interval is None. Pairing by seed removes what the seeds share (the same prompts, the same evaluation).
+    """
+    by_seed = {r["seed"]: r for r in runs[reference]}
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        metrics: dict[str, Any] = {}
+        for key, get in (("step_time", lambda r: r["step_time_s"]["median"]), ("wall", lambda r: r["wall_s"]),
+                         ("time_to_target", lambda r: r.get("time_to_target_s"))):
+            ratios = [_ratio(get(by_seed[r["seed"]]), get(r)) for r in rs if r["seed"] in by_seed]
+            ratios = [x for x in ratios if x is not None]
+            logs = [math.log(x) for x in ratios]
+            entry: dict[str, Any] = {"n": len(ratios), "per_seed": ratios,
+                                     "mean": math.exp(statistics.fmean(logs)) if logs else None,
+                                     "low": None, "high": None}
+            if len(logs) > 1:
+                half = _t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+                centre = statistics.fmean(logs)
+                entry["low"], entry["high"] = math.exp(centre - half), math.exp(centre + half)
+            metrics[key] = entry
+        out[name] = metrics
+    return out
 
 

@@ -147,6 +147,9 @@ class DPPOGRPOTrainer(GRPOTrainer):
                 f"DPPOGRPOTrainer: loss_type={self.loss_type!r} divides by a token count, which pruning changes, so "
                 f"the pruned loss would not estimate the full batch's without bias. Use loss_type='dr_grpo' (the "
                 f"same token-sum loss over a constant normaliser) or 'grpo'; supported: {SUPPORTED_LOSS_TYPES}")
+        if self.estimator.name == "pods":
+            raise ValueError("DPPOGRPOTrainer: the pods estimator recomputes advantages over the kept completions, "
+                             "which TRL's loss does not take from it; run pods with dppo_core's DPPOTrainer")
         if self.accelerator.num_processes > 1:
             raise ValueError("DPPOGRPOTrainer runs on one process: TRL gathers rewards across processes assuming "
                              "equal prompt counts, which prompt pruning breaks")
