@@ -188,6 +188,25 @@ def check_eval_model(model: str) -> None:
                              "(offline) with no cached copy; pass a local model directory, or go online")
 
 
+def _go_offline() -> None:
+    """Offline mode for huggingface_hub and datasets, also when they are imported already (they read the
+    environment variables at import, so the constants they copied them into are set too)."""
+    import os
+    import sys
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if "huggingface_hub" in sys.modules:
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        import datasets.config
+
+        datasets.config.HF_HUB_OFFLINE = True
+        datasets.config.HF_DATASETS_OFFLINE = True
+
+
 def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | None) -> dict:
     """The records of each benchmark, or an :class:`EvalInputError` naming the input and the fix.
 
@@ -215,8 +234,7 @@ def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | N
                     raise EvalInputError(
                         f"benchmark {name!r} has no local copy and the Hugging Face Hub is unreachable (offline); "
                         f"pass --data-dir DIR (a directory with {spec.file}), set DPPO_DATA_DIR=DIR, or go online")
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read the cached copy without retrying the network
-                os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+                _go_offline()  # read the cached copy without retrying the network
         try:
             out[name] = load_benchmark(name, data_dir=data_dir, limit=limit)
         except (ValueError, OSError, ImportError) as exc:

@@ -8,6 +8,7 @@ a hand-written one) can call it with plain lists and tensors; no trainer, model 
     sel = est.select(ids, step, size=k)                # before rollout: kept positions, keep probs, |B|
     ... roll out ids[i] for i in sel.indices (G each), reward, advantages A over whole groups ...
     w = est.weigh(A, sel, step)                        # after reward: keep mask, weights, normaliser C
+                                                       # (pods: rewards=R, and train on w.advantages)
     loss = sum over kept (q, i) of w.weights[q, i] * l_qi(theta), divided by w.num_sequences
     est.observe([ids[i] for i in sel.indices], rewards, A, step)     # the history prompt pruning reads
     est.state_dict() / est.load_state_dict(state)      # checkpoint it with the optimizer
@@ -82,6 +83,9 @@ class Estimator:
     """
 
     name: ClassVar[str] = "none"
+    #: ``weigh`` reads the step's rewards (``rewards=``); the trainer passes them only to such an estimator, so a
+    #: subclass that overrides ``weigh(advantages, selection, step)`` keeps working
+    needs_rewards: ClassVar[bool] = False
     seed: int = 0  # the pruning draws of step s are a function of (seed, s) only: resumable
     history_max_age: int | None = None  # forget a prompt's history after this many steps (then: unseen)
     history: PromptHistory = field(default_factory=PromptHistory)
@@ -266,6 +270,7 @@ class PODSEstimator(Estimator):
     group), normalised by the number kept. Needs the rewards: ``weigh(A, selection, step, rewards=R)``."""
 
     name: ClassVar[str] = "pods"
+    needs_rewards: ClassVar[bool] = True
     completion_prune_rate: float = 0.0
     scale_rewards: str = "group"
 

@@ -28,8 +28,9 @@ parameters depend on the draw. Two conditions make this exact:
 
 For independent draws the variance of the gradient estimate (trace of its covariance) is
 (1/C²) [Σ_q (1/π_q − 1) ‖S_q‖² + Σ_{q,i} (1 − p_{q,i})/(π_q p_{q,i}) ‖g_{q,i}‖²], g = ∇ℓ, S_q = Σ_i g_{q,i}: for a
-budget on the expected count, keep probabilities proportional to each item's gradient size minimise it, and
-``scheme="proportional"`` (∝ |A|) does when that size is proportional to |A| (docs/estimator.md); floors
+budget on a group's expected count, completion keep probabilities proportional to each completion's gradient
+size minimise it, and ``scheme="proportional"`` (∝ |A|) does when that size is proportional to |A|; for prompts
+the optimum is π_q ∝ √(‖S_q‖² + V_q), V_q the completion stage's variance term (docs/estimator.md); floors
 bound it.
 
 Keep-probability schemes (``rate`` = r):

@@ -27,12 +27,11 @@ correctness reward is
    stripped (``5\\text{ cm}``, ``18 dollars``, ``4.5 \\times 10^{33} \\mathrm{erg} \\mathrm{s}^{-1}``,
    ``3 \\times 10^8 m/s``); a prediction ``x = 5`` or ``L \\approx 5`` reads as ``5``. They are compared as
    exact rationals: two integers exactly however large, anything else within a relative tolerance of 1e-6
-   (so ``0.333333`` matches ``1/3``). A reference written as a rounded measurement (with a power of ten, or
-   a decimal of 3 or more significant digits: Minerva Math's ``1.07e16``, ``41.8``, ``4e33``; a short decimal
-   such as ``4.5`` is exact, as MATH's are) also matches a prediction that rounds to it at the
-   precision it is written to, within half a unit of its last digit (``1.068 \\times 10^{16}`` for
-   ``1.07e16``, not ``1.06 \\times 10^{16}``), or a prediction written less precisely, to 3 or more
-   significant digits, that it rounds to (``2.78e-6`` for ``2.7778e-6``; see :func:`rounds_to`).
+   (so ``0.333333`` matches ``1/3``). A reference written with a power of ten (Minerva Math's ``1.07e16``,
+   ``4e33``: rounded measurements; a plain decimal such as ``326.5`` is exact, as MATH's are) also matches a
+   prediction that rounds to it at the precision it is written to, within half a unit of its last digit (``1.068
+   \\times 10^{16}`` for ``1.07e16``, not ``1.06 \\times 10^{16}``), or a prediction written less precisely, to 3
+   or more significant digits, that it rounds to (``2.78e-6`` for ``2.7778e-6``; see :func:`rounds_to`).
 3. **Matrix fast path**: both sides are matrices in any usual environment (``pmatrix``, ``bmatrix``,
    ``Bmatrix``, ``matrix``, ``smallmatrix``, ``\\left[\\begin{array}{cc}...\\end{array}\\right]``), compared
    entry by entry with these checks; a different shape is False (:func:`matrix_cells`).
@@ -580,11 +579,11 @@ def rounds_to(pred: Fraction, gold: Number, pred_written: Number | None = None) 
 
     True when ``pred`` rounds to ``gold`` (within half a unit of its last place: 1.068e16 for 1.07e16), or
     when ``pred`` is itself written less precisely, to 3 or more significant digits, and ``gold`` rounds to it
-    (2.78e-6 for 2.7778e-6). Only for a ``gold`` that reads as a rounded measurement: written with a power of
-    ten, or to 3 or more significant digits (41.8, 0.0142); a short decimal such as 4.5 or 0.25 is taken as
-    exact (MATH's decimals are), and an integer or a fraction always is.
+    (2.78e-6 for 2.7778e-6). Only for a ``gold`` written with a power of ten (Minerva Math's measurements): a
+    plain decimal is taken as exact, as MATH's and OlympiadBench's are (``326.54`` is not ``326.5``), and an
+    integer or a fraction always is.
     """
-    if gold.ulp is None or not (gold.scientific or gold.digits >= 3):
+    if gold.ulp is None or not gold.scientific:
         return False
     diff = abs(pred - gold.value)
     slack = Fraction(1, 10**12) * max(abs(pred), abs(gold.value))  # float noise of a symbolic value

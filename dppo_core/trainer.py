@@ -269,8 +269,14 @@ class DPPOTrainer:
         Data parallel: ``advantages`` (and ``selection``) cover the whole step, so the keep draws are those
         of a single process; ``batch`` holds this rank's groups, rows ``group_offset ...`` of ``advantages``.
         """
-        weighting = self.estimator.weigh(advantages, selection, self.step if step is None else step, rewards=rewards)
+        weighting = self._weigh(advantages, selection, self.step if step is None else step, rewards)
         return self.sequences(batch, advantages, weighting, group_offset)
+
+    def _weigh(self, advantages: torch.Tensor, selection: Selection | None, step: int,
+               rewards: torch.Tensor | None) -> Weighting:
+        if self.estimator.needs_rewards:
+            return self.estimator.weigh(advantages, selection, step, rewards=rewards)
+        return self.estimator.weigh(advantages, selection, step)
 
     @staticmethod
     def sequences(batch: RolloutBatch, advantages: torch.Tensor, weighting: Weighting,
@@ -374,7 +380,7 @@ class DPPOTrainer:
         self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, self.step)
         timer.lap("reward")
         # 4. weigh: which completions to train on, their weights 1/(π_q p_qi) and the normaliser
-        weighting = self.estimator.weigh(adv, selection, self.step, rewards=rewards)
+        weighting = self._weigh(adv, selection, self.step, rewards)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
         lens = torch.tensor(lengths).view_as(weighting.keep)  # (P, G): every rank's groups
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss

@@ -651,9 +651,9 @@ def test_paired_speedups_are_geometric_means_with_a_t_interval():
     assert math.isclose(step["low"], math.exp(mean - 4.303 * sd / math.sqrt(3)))
     assert math.isclose(step["high"], math.exp(mean + 4.303 * sd / math.sqrt(3)))
     ttt = out["dppo"]["time_to_target"]  # seed 2 missed the target: no ratio for it
-    assert ttt["per_seed"] == [2.0, 2.0] and ttt["n"] == 2 and math.isclose(ttt["low"], 2.0)
+    assert ttt["per_seed"] == [2.0, 2.0] and ttt["n"] == 2 and ttt["missing"] == 1 and math.isclose(ttt["low"], 2.0)
     assert out["grpo"]["wall"]["mean"] == 1.0
     single = bench.paired_speedups({"grpo": runs["grpo"][:1], "dppo": runs["dppo"][:1]}, "grpo")
     assert single["dppo"]["wall"]["low"] is None and single["dppo"]["wall"]["mean"] == 2.0
     text = "\n".join(bench.report.format_intervals({"speedup_intervals": {"grpo": out}}))
-    assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "| `grpo` |" not in text
+    assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "(n=2, 1 missed)" in text and "| `grpo` |" not in text

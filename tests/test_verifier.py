@@ -77,9 +77,11 @@ def test_scientific_notation_forms_are_equivalent(gold):
     ("2.8 \\times 10^{-6}", "2.7778e-6", 0.0),  # 2 digits: too few
     ("1.25e-8", "1.24e-8", 0.0),  # math-verify's 6-decimal rounding calls these equal; they are not
     ("1.2449 \\times 10^{-8}", "1.24e-8", 1.0),
-    ("41.83", "41.8", 1.0), ("41.9", "41.8", 0.0), ("0.1", "0.10", 1.0),  # plain decimals of Minerva
-    ("\\frac{1}{3}", "0.333", 1.0), ("0.333", "\\frac{1}{3}", 0.0),  # an exact reference stays exact
-    ("\\frac{1}{3}", "0.33", 0.0), ("4.49", "4.5", 0.0),  # a decimal of 1-2 digits reads as exact (MATH's are)
+    ("41.8", "41.8", 1.0), ("0.1", "0.10", 1.0), ("0.3333333", "\\frac{1}{3}", 1.0),
+    # a plain decimal is exact, as MATH-500's and OlympiadBench's are (real references)
+    ("41.83", "41.8", 0.0), ("0.356", ".35625", 0.0), ("0.3563", ".35625", 0.0), ("326.54", "326.5", 0.0),
+    ("3.214", "3.21", 0.0), ("1.254", "1.25", 0.0), ("62.46\\%", "62.5\\%", 0.0), ("4.49", "4.5", 0.0),
+    ("0.333", "\\frac{1}{3}", 0.0), ("\\frac{1}{3}", "0.33", 0.0),
     ("6.63 \\times 10^{3}", "6630", 1.0), ("6.6 \\times 10^{3}", "6630", 0.0),  # integers are exact
     ("10^{16}", "1e16", 1.0), ("10^{-5}", "1e-5", 1.0),
 ])

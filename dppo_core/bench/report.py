@@ -238,9 +238,10 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
 def _interval(entry: Mapping[str, Any] | None) -> str:
     if not entry or entry.get("mean") is None:
         return "–"
+    missed = f", {entry['missing']} missed" if entry.get("missing") else ""
     if entry.get("low") is None:
-        return f"{entry['mean']:.2f}x (n={entry['n']})"
-    return f"{entry['mean']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}] (n={entry['n']})"
+        return f"{entry['mean']:.2f}x (n={entry['n']}{missed})"
+    return f"{entry['mean']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}] (n={entry['n']}{missed})"
 
 
 def format_intervals(result: Mapping[str, Any]) -> list[str]:

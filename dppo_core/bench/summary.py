@@ -191,21 +191,23 @@ def compare(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-#: Two-sided 97.5% quantiles of Student's t for 1-10 degrees of freedom (a 95% interval).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+#: 97.5% quantiles of Student's t for 1-30 degrees of freedom (a two-sided 95% interval).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def _t975(df: int) -> float:
-    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df  # within 0.01 of the exact value above 10
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df  # within 0.002 of the exact value above 30
 
 
 def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: str) -> dict[str, Any]:
     """Per method, its speedups over ``reference`` paired by seed, with a 95% confidence interval.
 
     For each seed both ran, the ratio reference / method of the median step time, the training time and the
-    time to target (a seed where either missed the target has no ratio). Reported: the geometric mean and a
-    t-interval on the log ratios (exp(mean ± t·sd/√n)), ``n`` the seeds with a ratio; with one seed the
-    interval is None. Pairing by seed removes what the seeds share (the same prompts, the same evaluation).
+    time to target (a seed where either missed the target has no ratio: counted in ``missing``, and the mean
+    over the others then flatters the method that missed). Reported: the geometric mean and a t-interval on
+    the log ratios (exp(mean ± t·sd/√n)), ``n`` the seeds with a ratio; with one seed the interval is None.
+    Pairing by seed removes what the seeds share (the same prompts, the same evaluation).
     """
     by_seed = {r["seed"]: r for r in runs[reference]}
     out: dict[str, Any] = {}
@@ -213,10 +215,10 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
         metrics: dict[str, Any] = {}
         for key, get in (("step_time", lambda r: r["step_time_s"]["median"]), ("wall", lambda r: r["wall_s"]),
                          ("time_to_target", lambda r: r.get("time_to_target_s"))):
-            ratios = [_ratio(get(by_seed[r["seed"]]), get(r)) for r in rs if r["seed"] in by_seed]
-            ratios = [x for x in ratios if x is not None]
+            paired = [_ratio(get(by_seed[r["seed"]]), get(r)) for r in rs if r["seed"] in by_seed]
+            ratios = [x for x in paired if x is not None]
             logs = [math.log(x) for x in ratios]
-            entry: dict[str, Any] = {"n": len(ratios), "per_seed": ratios,
+            entry: dict[str, Any] = {"n": len(ratios), "missing": len(paired) - len(ratios), "per_seed": ratios,
                                      "mean": math.exp(statistics.fmean(logs)) if logs else None,
                                      "low": None, "high": None}
             if len(logs) > 1:
