@@ -657,3 +657,48 @@ def test_paired_speedups_are_geometric_means_with_a_t_interval():
     assert single["dppo"]["wall"]["low"] is None and single["dppo"]["wall"]["mean"] == 2.0
     text = "\n".join(bench.report.format_intervals({"speedup_intervals": {"grpo": out}}))
     assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "(n=2, 1 missed)" in text and "| `grpo` |" not in text
+
+
+def test_interpolated_crossing_and_accuracy_at_a_time():
+    curve = [{"train_s": 0.0, "sampled_accuracy": 0.5}, {"train_s": 10.0, "sampled_accuracy": 0.6},
+             {"train_s": 20.0, "sampled_accuracy": 0.7}]
+    assert bench.crossing_time(curve, 0.65) == pytest.approx(15.0)
+    assert bench.crossing_time(curve, 0.5) == 0.0 and bench.crossing_time(curve, 0.71) is None
+    assert bench.accuracy_at_time(curve, 5.0) == pytest.approx(0.55)
+    assert bench.accuracy_at_time(curve, 50.0) == 0.7 and bench.accuracy_at_time(curve, -1.0) == 0.5
+
+
+def test_speedups_vs_a_baseline_with_bootstrap_intervals_and_accuracy_at_equal_time():
+    def run(seed, times, accs):
+        curve = [{"train_s": t, "sampled_accuracy": a} for t, a in zip(times, accs, strict=True)]
+        return {"seed": seed, "curve": curve, "wall_s": times[-1], "accuracy": {"after": accs[-1]}}
+
+    runs = {"grpo_skip": [run(s, [0, 50, 100], [0.5, 0.7, 0.8]) for s in (1, 2, 3)],
+            "dppo": [run(1, [0, 25, 50], [0.5, 0.7, 0.78]), run(2, [0, 20, 40], [0.5, 0.7, 0.8]),
+                     run(3, [0, 30, 60], [0.5, 0.6, 0.7])]}
+    out = bench.speedups_vs(runs, "grpo_skip", draws=500)
+    d = out["dppo"]
+    at95 = d["by_target"]["0.95"]  # target 0.76: grpo_skip at 80 s on each seed; dppo at 43.75 s, 32 s, missed
+    assert at95["target"] == pytest.approx(0.76) and at95["n"] == 2 and at95["missed"] == 1
+    assert at95["time_to_target"] == pytest.approx(160 / 75.75)
+    lo, hi = at95["ci95"]  # the extreme resamples: seed 1 twice, seed 2 twice
+    assert lo <= at95["time_to_target"] <= hi and lo == pytest.approx(80 / 43.75) and hi == pytest.approx(2.5)
+    assert d["time_to_target"] == at95["time_to_target"] and d["target_fraction"] == 0.95
+    at90 = d["by_target"]["0.90"]  # target 0.72
+    assert at90["n"] == 2 and at90["missed"] == 1
+    # at grpo_skip's 100 s every dppo run has finished: its final accuracy, mean over seeds
+    assert d["accuracy_at_equal_time"] == pytest.approx((0.78 + 0.8 + 0.7) / 3)
+    assert out["grpo_skip"]["time_to_target"] == pytest.approx(1.0)
+    text = "\n".join(bench.report.format_speedups_vs({"speedup_vs": {"grpo_skip": out}}))
+    assert "| `dppo` | " in text and "1 missed" in text and "to 95% target" in text
+
+
+def test_summarize_run_counts_learning_per_cost():
+    metrics = [{"step": 1, "step_time": 1.0, "weight_ess": 10.0, "grad_norm": 0.5, "update_density": 0.5,
+                "update_capacity": 100},
+               {"step": 2, "step_time": 1.0, "weight_ess": 20.0, "grad_norm": 1.5, "update_density": 0.25,
+                "update_capacity": 40}]
+    run = bench.summarize_run(metrics, [], max_grad_norm=1.0)
+    assert run["ess_per_step"] == 15.0 and run["clip_rate"] == 0.5 and run["grad_norm_median"] == 1.0
+    assert run["tokens"]["update_real"] == 60
+    assert bench.summarize_run(metrics, [])["clip_rate"] is None

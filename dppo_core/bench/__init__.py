@@ -94,10 +94,13 @@ from dppo_core.bench.report import (
 )
 from dppo_core.bench.run import bench_evaluation, build_configs, interleaved, run_bench, run_method, run_ours
 from dppo_core.bench.summary import (
+    accuracy_at_time,
     aggregate_runs,
     compare,
+    crossing_time,
     paired_speedups,
     read_jsonl,
+    speedups_vs,
     subset_scores,
     summarize_run,
     time_to_target,
@@ -109,10 +112,11 @@ __all__ = [
     "BENCH_PRESETS", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING", "DEFAULT_METHODS", "DERIVED_METHODS", "DPPO_PRUNING",
     "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS",
     "REPOSITORY_RAW_URL", "TARGET_FRACTION", "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "BenchError",
-    "BenchPreset", "TRLPeer", "aggregate_runs", "bench_evaluation", "bench_preset", "build_configs",
-    "check_methods", "committed_result", "compare", "describe_machine", "describe_presets", "format_levels",
-    "format_markdown", "format_table", "interleaved", "method_config", "method_lineage", "method_settings",
-    "paired_speedups", "plot_bench", "read_jsonl", "require_trl", "run_bench", "run_dir", "run_method", "run_ours",
-    "split_overrides", "subset_scores", "summarize_bench", "summarize_run", "time_to_target", "token_cost_bound",
-    "token_costs", "trl_grpo_args", "update_readme", "write_bench",
+    "BenchPreset", "TRLPeer", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
+    "build_configs", "check_methods", "committed_result", "compare", "crossing_time", "describe_machine",
+    "describe_presets", "format_levels", "format_markdown", "format_table", "interleaved", "method_config",
+    "method_lineage", "method_settings", "paired_speedups", "plot_bench", "read_jsonl", "require_trl", "run_bench",
+    "run_dir", "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench",
+    "summarize_run", "time_to_target", "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme",
+    "write_bench",
 ]

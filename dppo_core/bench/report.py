@@ -31,6 +31,7 @@ from dppo_core.bench.summary import (
     compare,
     paired_speedups,
     read_jsonl,
+    speedups_vs,
     subset_scores,
     summarize_run,
     time_to_target,
@@ -110,6 +111,7 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "methods": aggregated,
         **compare(aggregated),
         "speedup_intervals": {ref: paired_speedups(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
+        "speedup_vs": {ref: speedups_vs(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
         "method_overrides": {m: method_settings(preset, m) for m in methods},
         "configs": configs,
         "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
@@ -134,7 +136,9 @@ def _finished_runs(output_dir: Path, methods: Sequence[str],
             d = run_dir(output_dir, m, s)
             info = json.loads((d / "run.json").read_text())
             machine = machine or info.get("machine")
-            run = summarize_run(read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "eval.jsonl"))
+            config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+            run = summarize_run(read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "eval.jsonl"),
+                                config.get("max_grad_norm"))
             runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run})
     return runs, machine
 
@@ -229,7 +233,7 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
               f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
               "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
               f"Machine: {result['machine']}."]
-    lines += format_intervals(result)
+    lines += format_speedups_vs(result) + format_intervals(result)
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
@@ -242,6 +246,33 @@ def _interval(entry: Mapping[str, Any] | None) -> str:
     if entry.get("low") is None:
         return f"{entry['mean']:.2f}x (n={entry['n']}{missed})"
     return f"{entry['mean']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}] (n={entry['n']}{missed})"
+
+
+def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
+    """Markdown tables of the time-to-target speedups with bootstrap intervals, per baseline (grpo, grpo_skip)."""
+    lines: list[str] = []
+    for ref, table in (result.get("speedup_vs") or {}).items():
+        fractions = sorted({f for m in table.values() for f in m["by_target"]})
+        lines += ["", f"Against `{ref}`: time to each target (a fraction of `{ref}`'s final accuracy), from each "
+                      "seed's interpolated crossing, Σ baseline time / Σ method time over the seeds where both "
+                      "reached it, 95% bootstrap interval over seeds; and the accuracy when the baseline's training "
+                      "time is spent.", "",
+                  "| method | " + " | ".join(f"to {float(f):.0%} target" for f in fractions)
+                  + f" | accuracy at `{ref}`'s time |",
+                  "|---|" + "---|" * (len(fractions) + 1)]
+        for name, m in table.items():
+            if name == ref:
+                continue
+            cells = []
+            for f in fractions:
+                e = m["by_target"][f]
+                x = "–" if e["time_to_target"] is None else f"{e['time_to_target']:.2f}x"
+                if e["ci95"]:
+                    x += f" [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
+                cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
+            acc = _fmt(m["accuracy_at_equal_time"])
+            lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {acc} |")
+    return lines
 
 
 def format_intervals(result: Mapping[str, Any]) -> list[str]:

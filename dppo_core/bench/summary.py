@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -36,11 +37,14 @@ def subset_scores(record: Mapping[str, Any], kind: str) -> dict[str, float]:
     return out
 
 
-def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve.
+def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
+                  max_grad_norm: float | None = None) -> dict[str, Any]:
+    """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve, learning per cost.
 
     ``curve`` has one point per evaluation: its step, the training time up to it (sum of step times)
-    and the sampled and greedy accuracy.
+    and the sampled and greedy accuracy. ``ess_per_step``: the mean Kish effective sample size of the trained
+    completions' weights (their count when all weigh 1); ``grad_norm_median`` the median gradient norm before
+    clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm`` (None if not given).
     """
     steps = [m for m in metrics if "step_time" in m]
     if not steps:
@@ -62,7 +66,14 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
         "phase_s": {p: sum(m.get(f"time_{p}") or 0.0 for m in steps) for p in PHASES},
         "tokens": {"generated": sum(m.get("tokens_generated") or 0 for m in steps),
                    "trained": sum(m.get("tokens_trained") or 0 for m in steps),
-                   "row_capacity": sum(m.get("update_capacity") or 0 for m in steps)},
+                   "row_capacity": sum(m.get("update_capacity") or 0 for m in steps),
+                   # prompt and completion tokens in the update, no padding: update_real / row_capacity is the density
+                   "update_real": round(sum((m.get("update_density") or 0) * (m.get("update_capacity") or 0)
+                                            for m in steps))},
+        "ess_per_step": _mean([m.get("weight_ess") or 0.0 for m in steps]),
+        "grad_norm_median": statistics.median([m.get("grad_norm") or 0.0 for m in steps]),
+        "clip_rate": (_mean([float((m.get("grad_norm") or 0.0) > max_grad_norm) for m in steps])
+                      if max_grad_norm else None),
         "accuracy": {"before": first.get("sampled_accuracy"), "after": last.get("sampled_accuracy"),
                      "greedy_before": first.get("greedy_accuracy"), "greedy_after": last.get("greedy_accuracy"),
                      "per_level_before": subset_scores(first, "sampled"),
@@ -82,6 +93,37 @@ def time_to_target(curve: Sequence[Mapping[str, Any]], target: float) -> float |
         if acc is not None and acc >= target:
             return point["train_s"]
     return None
+
+
+def crossing_time(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
+    """Training time at which the sampled accuracy first reaches ``target``, interpolated linearly between the
+    last evaluation below it and the first at or above it (the first point's time if that one already is);
+    None if no evaluation reaches it."""
+    prev = None
+    for point in curve:
+        acc = point.get("sampled_accuracy")
+        if acc is None:
+            continue
+        if acc >= target:
+            if prev is None or acc == prev[1]:
+                return point["train_s"]
+            t0, a0 = prev
+            return t0 + (target - a0) / (acc - a0) * (point["train_s"] - t0)
+        prev = (point["train_s"], acc)
+    return None
+
+
+def accuracy_at_time(curve: Sequence[Mapping[str, Any]], t: float) -> float | None:
+    """Sampled accuracy at training time ``t``, interpolated along the curve (its last value after its end)."""
+    points = [(p["train_s"], p["sampled_accuracy"]) for p in curve if p.get("sampled_accuracy") is not None]
+    if not points:
+        return None
+    if t <= points[0][0]:
+        return points[0][1]
+    for (t0, a0), (t1, a1) in zip(points, points[1:], strict=False):
+        if t <= t1:
+            return a0 if t1 == t0 else a0 + (t - t0) / (t1 - t0) * (a1 - a0)
+    return points[-1][1]
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -133,6 +175,10 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "phase_s": _mean_dict([r["phase_s"] for r in runs]),
         "tokens": {k: round(v) for k, v in _mean_dict([r["tokens"] for r in runs]).items()},
         "accuracy": accuracy,
+        "ess_per_step": _mean([r.get("ess_per_step") or 0.0 for r in runs]),
+        "grad_norm_median": _mean([r.get("grad_norm_median") or 0.0 for r in runs]),
+        "clip_rate": _mean([r["clip_rate"] for r in runs]) if all(r.get("clip_rate") is not None for r in runs)
+        else None,
         "time_to_target_s": _mean(reached) if len(reached) == len(runs) else None,
         "time_to_target_reached": f"{len(reached)}/{len(runs)}",
         "curve": curve,
@@ -230,3 +276,56 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
     return out
 
 
+
+
+#: Targets of the honest comparison: these fractions of the baseline's final sampled accuracy (mean over seeds).
+TARGET_FRACTIONS: tuple[float, ...] = (0.90, 0.95)
+
+
+def _bootstrap_ratio(pairs: Sequence[tuple[float, float]], draws: int, seed: int) -> tuple[float, float] | None:
+    """95% percentile interval of Σ baseline / Σ method over seed pairs resampled with replacement."""
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(draws):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        stats.append(sum(b for b, _ in sample) / sum(m for _, m in sample))
+    stats.sort()
+    return stats[int(0.025 * (draws - 1))], stats[int(0.975 * (draws - 1))]
+
+
+def speedups_vs(runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str,
+                fractions: Sequence[float] = TARGET_FRACTIONS, draws: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Time-to-target speedups over ``baseline`` with bootstrap intervals, and accuracy at the baseline's time.
+
+    Targets are fractions of the baseline's final sampled accuracy (mean over its seeds). Per seed, each run's
+    time to a target is the interpolated crossing of its curve (:func:`crossing_time`); the speedup is
+    Σ baseline time / Σ method time over the seeds where both reached it (``missed`` counts the others), with a
+    95% percentile bootstrap interval over those seeds resampled in pairs (None with fewer than two).
+    ``accuracy_at_equal_time``: the method's accuracy when the baseline's training time of the same seed is
+    spent (its final accuracy if it finished sooner), mean over seeds. ``time_to_target`` and ``ci95`` are for
+    the last (highest) fraction; ``by_target`` has every fraction.
+    """
+    base_runs = {r["seed"]: r for r in runs[baseline]}
+    finals = [r["accuracy"]["after"] for r in base_runs.values() if r["accuracy"]["after"] is not None]
+    if not finals:
+        return {}
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        paired = [(base_runs[r["seed"]], r) for r in rs if r["seed"] in base_runs]
+        by_target = {}
+        for f in fractions:
+            target = f * _mean(finals)
+            times = [(crossing_time(b["curve"], target), crossing_time(m["curve"], target)) for b, m in paired]
+            both = [(tb, tm) for tb, tm in times if tb is not None and tm is not None and tb > 0 and tm > 0]
+            ci = _bootstrap_ratio(both, draws, seed)
+            ratio = sum(b for b, _ in both) / sum(m for _, m in both) if both else None
+            by_target[f"{f:.2f}"] = {"target": target, "time_to_target": ratio, "ci95": list(ci) if ci else None,
+                                     "n": len(both), "missed": len(times) - len(both)}
+        equal = [accuracy_at_time(m["curve"], b["wall_s"]) for b, m in paired]
+        equal = [a for a in equal if a is not None]
+        last = by_target[f"{fractions[-1]:.2f}"]
+        out[name] = {"time_to_target": last["time_to_target"], "ci95": last["ci95"], "target_fraction": fractions[-1],
+                     "by_target": by_target, "accuracy_at_equal_time": _mean(equal) if equal else None}
+    return out
