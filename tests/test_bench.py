@@ -71,9 +71,12 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
         assert set(m["step_time_s"]) == {"median", "min", "max"}
         assert m["step_time_s"]["min"] <= m["step_time_s"]["median"] <= m["step_time_s"]["max"]
         assert set(m["phase_s"]) == set(PHASES) and all(_is_num(v) and v >= 0 for v in m["phase_s"].values())
-        assert set(m["tokens"]) == {"generated", "trained", "row_capacity"}
+        assert set(m["tokens"]) == {"generated", "trained", "row_capacity", "update_real"}
         assert all(isinstance(v, int) for v in m["tokens"].values())
         assert m["tokens"]["generated"] > 0 and 0 < m["tokens"]["trained"] <= m["tokens"]["row_capacity"], name
+        assert m["tokens"]["trained"] <= m["tokens"]["update_real"] <= m["tokens"]["row_capacity"], name
+        if not name.startswith("trl"):  # TRL's logs have no weights or gradient norms
+            assert _is_num(m["ess_per_step"]) and m["ess_per_step"] > 0 and 0 <= m["clip_rate"] <= 1, name
         acc = m["accuracy"]
         for key in ("before", "after", "after_std"):
             assert _is_num(acc[key]), (name, key)
@@ -289,7 +292,7 @@ def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
     assert run["step_time_s"] == {"median": 2.0, "min": 0.5, "max": 3.0}
     assert run["phase_s"] == pytest.approx({"rollout": 3.0, "reward": 0.2, "prune": 0.6, "pack": 0.2,
                                             "update": 1.4, "sync": 0.0})
-    assert run["tokens"] == {"generated": 220, "trained": 150, "row_capacity": 180}
+    assert run["tokens"] == {"generated": 220, "trained": 150, "row_capacity": 180, "update_real": 0}  # no density
     assert [p["train_s"] for p in run["curve"]] == pytest.approx([0.0, 2.5, 5.5])
     assert run["accuracy"]["before"] == 0.4 and run["accuracy"]["after"] == 0.6
     assert run["accuracy"]["per_level_before"] == {"2": 0.5, "3": 0.3}
@@ -702,3 +705,4 @@ def test_summarize_run_counts_learning_per_cost():
     assert run["ess_per_step"] == 15.0 and run["clip_rate"] == 0.5 and run["grad_norm_median"] == 1.0
     assert run["tokens"]["update_real"] == 60
     assert bench.summarize_run(metrics, [])["clip_rate"] is None
+    assert bench.summarize_run([{"step": 1, "step_time": 1.0}], [])["ess_per_step"] is None

@@ -44,7 +44,8 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
     ``curve`` has one point per evaluation: its step, the training time up to it (sum of step times)
     and the sampled and greedy accuracy. ``ess_per_step``: the mean Kish effective sample size of the trained
     completions' weights (their count when all weigh 1); ``grad_norm_median`` the median gradient norm before
-    clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm`` (None if not given).
+    clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm``; each None when the logs
+    do not have it (TRL's runs) or ``max_grad_norm`` is not given.
     """
     steps = [m for m in metrics if "step_time" in m]
     if not steps:
@@ -70,10 +71,10 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
                    # prompt and completion tokens in the update, no padding: update_real / row_capacity is the density
                    "update_real": round(sum((m.get("update_density") or 0) * (m.get("update_capacity") or 0)
                                             for m in steps))},
-        "ess_per_step": _mean([m.get("weight_ess") or 0.0 for m in steps]),
-        "grad_norm_median": statistics.median([m.get("grad_norm") or 0.0 for m in steps]),
-        "clip_rate": (_mean([float((m.get("grad_norm") or 0.0) > max_grad_norm) for m in steps])
-                      if max_grad_norm else None),
+        "ess_per_step": _mean(ess) if (ess := [m["weight_ess"] for m in steps if "weight_ess" in m]) else None,
+        "grad_norm_median": statistics.median(norms) if (norms := [m["grad_norm"] for m in steps
+                                                                    if m.get("grad_norm") is not None]) else None,
+        "clip_rate": _mean([float(n > max_grad_norm) for n in norms]) if norms and max_grad_norm else None,
         "accuracy": {"before": first.get("sampled_accuracy"), "after": last.get("sampled_accuracy"),
                      "greedy_before": first.get("greedy_accuracy"), "greedy_after": last.get("greedy_accuracy"),
                      "per_level_before": subset_scores(first, "sampled"),
@@ -175,10 +176,8 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "phase_s": _mean_dict([r["phase_s"] for r in runs]),
         "tokens": {k: round(v) for k, v in _mean_dict([r["tokens"] for r in runs]).items()},
         "accuracy": accuracy,
-        "ess_per_step": _mean([r.get("ess_per_step") or 0.0 for r in runs]),
-        "grad_norm_median": _mean([r.get("grad_norm_median") or 0.0 for r in runs]),
-        "clip_rate": _mean([r["clip_rate"] for r in runs]) if all(r.get("clip_rate") is not None for r in runs)
-        else None,
+        **{k: _mean([r[k] for r in runs]) if all(r.get(k) is not None for r in runs) else None
+           for k in ("ess_per_step", "grad_norm_median", "clip_rate")},
         "time_to_target_s": _mean(reached) if len(reached) == len(runs) else None,
         "time_to_target_reached": f"{len(reached)}/{len(runs)}",
         "curve": curve,
