@@ -281,7 +281,8 @@ def format_intervals(result: Mapping[str, Any]) -> list[str]:
     for ref, table in (result.get("speedup_intervals") or {}).items():
         lines += ["", f"Speedup over `{ref}`, paired by seed: geometric mean, 95% t-interval on the log ratios, "
                       "seeds with a ratio (a seed where either run missed the target has none).", "",
-                  "| method | median step | training time | time to target |", "|---|---|---|---|"]
+                  "| method | median step | training time | time to target (first evaluation at or above it) |",
+                  "|---|---|---|---|"]
         for name, m in table.items():
             if name != ref:
                 lines.append(f"| `{name}` | {_interval(m['step_time'])} | {_interval(m['wall'])} "
