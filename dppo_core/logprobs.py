@@ -105,6 +105,8 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[lis
     padded = [order[i : i + c.micro_batch_size] for i in range(0, len(order), c.micro_batch_size)]
     padded_capacity = sum(len(idx) * max(lengths[i] for i in idx) for idx in padded)
     real = sum(lengths)
+    if getattr(c, "shared_prefix", False):
+        return _shared_prefix_layout(seqs, c, pad_id, real, padded_capacity)
     if not c.packing:
         def forward(m: torch.nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             idx = padded[k]
@@ -126,3 +128,30 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[lis
     return [idx for idx, _ in packed], packed_forward, {
         "update_rows": sum(b.num_rows for _, b in packed), "update_capacity": capacity,
         "update_density": real / max(1, capacity), "padding_avoided": padded_capacity - capacity}
+
+
+def _shared_prefix_layout(seqs: Sequences, c, pad_id: int, real: int,
+                          padded_capacity: int) -> tuple[list[list[int]], Forward, dict[str, float]]:
+    """``shared_prefix: true``: each prompt once per segment, its completions after it
+    (:mod:`dppo_core.shared_prefix`); segments packed into rows (``packing``) or one per row."""
+    from dppo_core.packing import PackSequence
+    from dppo_core.shared_prefix import shared_prefix_logprobs, shared_prefix_micro_batches
+
+    items = [PackSequence(list(p), list(q), 1.0) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
+    if c.packing:
+        batches = shared_prefix_micro_batches(items, c.max_tokens_per_row, c.packing_rows_per_micro_batch,
+                                              window=c.packing_window, pad_id=pad_id)
+    else:  # one segment per row (a group, split where it exceeds max_tokens_per_row), about micro_batch_size
+        batches = shared_prefix_micro_batches(items, c.max_tokens_per_row,  # sequences per micro-batch
+                                              max(1, c.micro_batch_size // c.num_generations), pad_id=pad_id,
+                                              one_segment_per_row=True)
+
+    def forward(m: torch.nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return shared_prefix_logprobs(m, batches[k][1], c.temperature)
+
+    capacity = sum(b.capacity for _, b in batches)
+    laid_out = sum(b.real_tokens for _, b in batches)  # each prompt once per segment: fewer than ``real``
+    return [idx for idx, _ in batches], forward, {
+        "update_rows": sum(b.num_rows for _, b in batches), "update_capacity": capacity,
+        "update_density": laid_out / max(1, capacity), "padding_avoided": padded_capacity - capacity,
+        "prompt_tokens_shared": real - laid_out}

@@ -61,6 +61,34 @@ def check_causal(model: torch.nn.Module, model_path: str) -> None:
                           "depends on later tokens; pass a decoder-only causal LM (e.g. Qwen3)")
 
 
+def flash_attention_available() -> bool:
+    """Whether flash-attention 2 imports and works with this torch (installed is not enough: a wheel built
+    against another torch fails at import)."""
+    try:
+        from transformers.utils import is_flash_attn_2_available
+
+        return bool(is_flash_attn_2_available())
+    except Exception:  # noqa: BLE001 - a broken install is "not available"
+        return False
+
+
+def attention_kernel(choice: str, device: torch.device, needs_mask: bool = False) -> str:
+    """The attention implementation to load the policy with, for ``DPPOConfig.attn_implementation``.
+
+    ``"auto"``: ``flash_attention_2`` on CUDA when ``flash_attn`` imports (a packed update then runs the
+    variable-length kernel, :mod:`dppo_core.packing`), else ``sdpa``; always ``sdpa`` when ``needs_mask``
+    (the shared-prefix layout). An explicit ``flash_attention_2`` without the package raises with the
+    install command.
+    """
+    has_flash = flash_attention_available()
+    if choice == "auto":
+        return "flash_attention_2" if device.type == "cuda" and has_flash and not needs_mask else "sdpa"
+    if choice == "flash_attention_2" and not (device.type == "cuda" and has_flash):
+        raise ConfigError("attn_implementation='flash_attention_2' needs a CUDA device and the flash-attn package "
+                          "(pip install flash-attn --no-build-isolation); use attn_implementation=auto or sdpa")
+    return choice
+
+
 def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """The trainable policy for ``config.update_mode`` and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,7 +102,9 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
             raise ConfigError(f"model={model_path!r}: its tokenizer or config could not be loaded ({exc}); pass "
                               "a directory written by save_pretrained, a Hub id, or 'tiny'") from exc
         tokenizer.padding_side = "left"
-        kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16}
+        kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16,
+                                  "attn_implementation": attention_kernel(config.attn_implementation, device,
+                                                                          needs_mask=config.shared_prefix)}
         if config.update_mode in ("qlora4", "qlora8"):
             from transformers import BitsAndBytesConfig
 

@@ -354,7 +354,8 @@ class DPPOTrainer:
             return layout
         ranks = all_gather_objects({**stats, **layout}, self.dist)
         summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows",
-                                                         "update_capacity", "padding_avoided")}
+                                                         "update_capacity", "padding_avoided",
+                                                         "prompt_tokens_shared") if k in ranks[0]}
         real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
         return {**layout, **summed, "update_density": real / max(1, summed["update_capacity"])}
 

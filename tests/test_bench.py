@@ -629,8 +629,13 @@ def test_committed_result_outside_a_checkout_downloads_or_names_the_file(tmp_pat
 
 
 def test_the_strong_baselines_and_pods_are_what_their_names_say(tmp_path):
-    preset = BENCH_PRESETS["cpu-baselines"]
-    grpo, skip, half, pods = (method_config(preset, m, 1, tmp_path) for m in ("grpo", "grpo_skip", "grpo_half", "pods"))
+    preset, peers = BENCH_PRESETS["cpu-baselines"], BENCH_PRESETS["cpu-peers"]
+    grpo, skip, half, pods = (method_config(peers, m, 1, tmp_path) for m in ("grpo", "grpo_skip", "grpo_half", "pods"))
+    # the two presets' grpo and grpo_skip runs are the same runs
+    for m in ("grpo", "grpo_skip"):
+        assert method_config(preset, m, 1, tmp_path) == method_config(peers, m, 1, tmp_path)
+    assert preset.methods == ("grpo", "grpo_skip", "dppo") and set(peers.methods) & set(preset.methods) == {
+        "grpo", "grpo_skip"}
     # grpo_skip: the estimator with nothing pruned but the completions whose loss is identically zero (beta 0)
     assert skip.pruning == "dppo" and skip.prompt_prune_rate == skip.completion_prune_rate == 0.0
     assert skip.drop_zero_advantage and skip.beta == 0.0 and skip.packing

@@ -88,11 +88,11 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 
 #: The layers of docs/architecture.md, lowest first; a module may import its own layer and the ones below.
 LAYERS = [
-    {"config", "grpo", "pruning", "packing", "rewards", "tasks", "benchmark_data", "models"},
+    {"config", "grpo", "pruning", "packing", "shared_prefix", "rewards", "tasks", "benchmark_data", "models"},
     {"estimator"},
     {"rollout", "vllm_engine"},
     {"trainer", "data", "policy", "logprobs", "checkpoint", "distributed", "evaluate"},
-    {"cli", "bench", "doctor", "integrations"},
+    {"cli", "bench", "doctor", "gpu_check", "integrations"},
 ]
 
 
@@ -117,3 +117,21 @@ def test_lower_layers_never_import_higher_ones():
             wrong += [f"dppo_core.{module} imports dppo_core.{t}" for t in targets
                       if t in layer and layer[t] > layer[module]]
     assert not wrong, wrong
+
+
+def test_bitsandbytes_kernel_notice_is_dropped_and_other_warnings_are_not():
+    """`import dppo_core` filters bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community"
+    (printed on AVX512-BF16 CPUs without the optional `kernels` package; students read it as a broken
+    install), and only that message."""
+    import subprocess
+    import sys
+
+    code = ("import logging, dppo_core; log = logging.getLogger('bitsandbytes.backends.cpu.ops'); "
+            "log.warning('Failed to load CPU gemm_4bit_forward from kernels-community: %s', 'no kernels'); "
+            "log.warning('another bitsandbytes warning')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "kernels-community" not in proc.stderr and "another bitsandbytes warning" in proc.stderr
+    # and the real import path (PEFT imports bitsandbytes) prints nothing of it
+    proc = subprocess.run([sys.executable, "-c", "import dppo_core.policy, peft, bitsandbytes"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "kernels-community" not in proc.stderr + proc.stdout, proc.stderr[-2000:]

@@ -80,6 +80,8 @@ class BenchPreset:
         eval_benchmarks: for a task other than the embedded one, evaluate pass@1 on these benchmarks.
         eval_limit: the first this many problems of each of ``eval_benchmarks``.
         runtime: what a run of the whole preset takes, for the help text.
+        kind: ``"accuracy"`` (train, evaluate, time to target) or ``"systems"`` (step times only, on a model
+            with random weights and a stand-in reward: :mod:`dppo_core.bench.systems`).
     """
 
     name: str
@@ -93,6 +95,7 @@ class BenchPreset:
     eval_benchmarks: tuple[str, ...] = ()
     eval_limit: int = 100
     runtime: str = ""
+    kind: str = "accuracy"
 
 
 #: What the CPU comparisons (``demo``, ``cpu-full``) share on top of the tiny-grpo preset: no KL term (beta 0)
@@ -107,6 +110,11 @@ CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
 #: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step);
 #: GRESO skips at the same rate.
 CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo": {"prompt_prune_rate": 0.8}, "greso": {"prompt_prune_rate": 0.8}}
+#: The cpu-full setting (a pool of 256 prompts, 60 steps, 400 held-out problems x 2 samples every 10 steps),
+#: shared by cpu-baselines and cpu-peers so their grpo and grpo_skip runs are the same runs.
+CPU_BASELINES_SETTING: dict[str, Any] = {"train_pool_size": 256, "max_steps": 60, "eval_steps": 10,
+                                         "eval_problems_per_level": 100, "eval_samples": 2, "save_steps": 0,
+                                         **CPU_BENCH_SETTING}
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
@@ -131,14 +139,19 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
         runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
-        "cpu-baselines", "DPPO against strong GRPO baselines (grpo_skip: the zero-loss completions skipped; "
-                         "grpo_half: half the prompts) and the published peers (PODS, CPPO, GRESO) on the cpu-full "
-                         "setting, five seeds with paired confidence intervals",
-        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "dppo", "pods", "cppo", "greso"),
-        overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
-                   "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
-        method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
-        runtime="about 5 hours on 2 CPU cores (35 runs of 6-12 minutes); --seeds 1 2 for a first look"),
+        "cpu-baselines", "DPPO against the GRPO that frameworks run (grpo) and the strong one (grpo_skip: the "
+                         "zero-loss completions skipped) on the cpu-full setting, five seeds with paired confidence "
+                         "intervals",
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo"),
+        overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
+        runtime="about 95 minutes on 2 CPU cores (15 runs of 5-8 minutes); --seeds 1 for a first look"),
+    BenchPreset(
+        "cpu-peers", "the other ways to spend less per step, against grpo and grpo_skip on the cpu-baselines "
+                     "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary most), "
+                     "CPPO and GRESO (biased pruning), two seeds",
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "pods", "cppo", "greso"),
+        overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
+        runtime="about 75 minutes on 2 CPU cores (12 runs of 4-8 minutes)"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
@@ -149,6 +162,18 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         method_overrides={"dppo": {"max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2}},
         requires_gpu=True, eval_benchmarks=("math500",), eval_limit=200,
         runtime="several hours on one H100-class GPU; needs the Hugging Face Hub for the model and MATH"),
+    BenchPreset(
+        "gpu-systems", "step time per phase of grpo, grpo_skip and dppo, each padded and packed, on Qwen3-1.7B's "
+                       "layers with random weights, vLLM colocated and LoRA: timing only (a stand-in reward), "
+                       "no download",
+        base="qwen3-math-grpo", methods=("grpo", "grpo_skip", "dppo"),
+        overrides={"model": "random:qwen3-1.7b", "task": "arithmetic", "train_pool_size": 64, "prompts_per_step": 32,
+                   "max_completion_length": 512, "max_steps": 7, "eval_steps": 0, "save_steps": 0,
+                   "micro_batch_size": 8, "learning_rate": 1e-5},
+        method_overrides={m: {"max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2}
+                          for m in ("grpo", "grpo_skip", "dppo")},
+        requires_gpu=True, kind="systems",
+        runtime="about 15-25 minutes on one H100-class GPU (6 runs of 7 steps, the first 2 of each untimed)"),
 )}
 
 
@@ -244,7 +269,12 @@ def run_dir(output_dir: str | Path, method: str, seed: int) -> Path:
 
 
 def resolve_model_keyword(model: str) -> str:
-    """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory; else ``model``."""
+    """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory; ``random:SHAPE``:
+    a Qwen3 model of that shape with random weights (:func:`dppo_core.gpu_check.build_shaped_model`); else ``model``."""
+    if model.startswith("random:"):
+        from dppo_core.gpu_check import resolve_random_model
+
+        return resolve_random_model(model)
     if model != UNTRAINED_TINY:
         return model
     from dppo_core.models import build_tiny_model

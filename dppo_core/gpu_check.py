@@ -1,0 +1,577 @@
+"""``dppo doctor --gpu``: the paths a GPU user relies on, checked in one command, one line per check.
+
+    dppo doctor --gpu                  # CUDA: Qwen3-1.7B's layers in bf16, a few minutes
+    dppo doctor --gpu --shape tiny     # anywhere: the same checks at tiny shapes (what `make test` runs)
+
+Nothing is downloaded: every check builds a model from a Qwen3 configuration (:data:`SHAPES`) with random
+weights and the embedded tokenizer, so the vocabulary is that tokenizer's (a few hundred tokens, not
+Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real model's). What it checks:
+
+    cuda         the device and its memory (on CPU: says which checks below are skipped)
+    packing      packed == padded completion log-probs, loss and gradient, on the route the update takes:
+                 ``mask`` (sdpa with a block-diagonal mask; every device) and ``varlen`` (flash-attention's
+                 variable-length kernel; CUDA with flash-attn). A negative control lets attention cross the
+                 sequence boundaries of the same rows and must differ by far more than the packed result.
+    qlora        LoRA on a 4-bit NF4 base (bitsandbytes; its CUDA kernels on a GPU): one update step, the
+                 adapter moves, the base stays 4-bit, the loss and gradients are finite.
+    vllm         an engine colocated with the trainer: the memory it takes (``gpu_memory_utilization``),
+                 sleep and wake around an update (CUDA), full-weight and LoRA-adapter sync measured as the
+                 log-prob mismatch between engine and trainer after a sync (against a stale-engine control).
+    step METHOD  one training step of every method (``DPPOTrainer.train_step``, as ``dppo train`` runs it),
+                 with a stand-in reward (:func:`synthetic_reward`: random weights get every answer wrong):
+                 time per phase and peak memory.
+
+Each check is a :class:`dppo_core.doctor.Check`: ``OK``, ``FAIL`` (with the reason and what to do) or
+``SKIP`` (with why: on CPU, what needs CUDA). :func:`run_gpu_checks` never raises.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import resource
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dppo_core.doctor import Check, _error, _quiet
+
+GiB = 1024**3
+
+
+# --------------------------------------------------------------------------------------------------
+# Models of a given shape, random weights
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The layer shapes of a Qwen3 model (the vocabulary is the embedded tokenizer's)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = True
+
+
+#: Qwen3's published layer shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B), and a tiny one.
+SHAPES: dict[str, ModelShape] = {
+    "qwen3-1.7b": ModelShape(2048, 6144, 28, 16, 8, 128),
+    "qwen3-0.6b": ModelShape(1024, 3072, 28, 16, 8, 128),
+    # head_dim 64: vLLM's CPU attention supports a few head sizes only (16 is refused on AVX2)
+    "tiny": ModelShape(128, 256, 2, 2, 1, 64, max_position_embeddings=512),
+}
+#: ``model: random:NAME`` in a configuration builds (or reuses) the model of shape NAME with random weights.
+RANDOM_PREFIX = "random:"
+
+
+def build_shaped_model(name: str, cache_dir: str | Path | None = None, dtype: str = "bfloat16") -> Path:
+    """Build (or reuse) a Qwen3 model of shape ``SHAPES[name]`` with random weights (seed 0) and the embedded
+    tokenizer; return its directory (loads with ``from_pretrained`` and in vLLM). Stored in ``dtype``."""
+    from dppo_core.models import (
+        BUILD_VERSION,
+        TinyModelConfig,
+        _atomic_dir,
+        _qwen3_config,
+        build_tokenizer,
+        default_cache_dir,
+    )
+
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
+    shape = SHAPES[name]
+    key = hashlib.sha256(json.dumps({"build": BUILD_VERSION, "dtype": dtype, **asdict(shape)},
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    target = Path(cache_dir or default_cache_dir()) / f"shape-{name}-{key}"
+    if (target / "config.json").exists():
+        return target
+
+    def write(tmp: Path) -> None:
+        from transformers import GenerationConfig, Qwen3ForCausalLM
+
+        tokenizer = build_tokenizer()
+        tokenizer.model_max_length = shape.max_position_embeddings
+        layers = {k: v for k, v in asdict(shape).items() if k != "tie_word_embeddings"}
+        config = _qwen3_config(TinyModelConfig(**layers), tokenizer)
+        config.tie_word_embeddings = shape.tie_word_embeddings
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = Qwen3ForCausalLM(config)
+        model.to(getattr(torch, dtype))
+        model.config.torch_dtype = dtype
+        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                                   pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "dppo_build.json").write_text(json.dumps({"kind": "random", "shape": name, **asdict(shape)}, indent=2))
+
+    return _atomic_dir(target, write)
+
+
+def resolve_random_model(model: str, dtype: str | None = None) -> str:
+    """``random:NAME`` → the directory of :func:`build_shaped_model`'s model (stored in bfloat16 where CUDA is
+    available, else float32, unless ``dtype`` says); any other value unchanged."""
+    if not model.startswith(RANDOM_PREFIX):
+        return model
+    dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    return str(build_shaped_model(model[len(RANDOM_PREFIX):], dtype=dtype))
+
+
+def _fraction(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def synthetic_reward(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
+    """A stand-in reward for timing models with random weights (which get every answer wrong, so every
+    group would be all-zero): each prompt has a success rate p, uniform in [0, 1) from a hash of its text,
+    and each completion is right with probability p, from a hash of prompt and completion. About 2/9 of
+    groups of 8 come out all right or all wrong, as in real training. Not a measure of anything learned."""
+    out = []
+    for p, c in zip(prompts, completions, strict=True):
+        rate = _fraction(repr(p))
+        out.append(float(_fraction(f"{p!r}\x00{c!r}") < rate))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory and time
+# --------------------------------------------------------------------------------------------------
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> str:
+    """The peak since :func:`reset_peak`: torch's allocator on CUDA, the process's resident set on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return (f"peak {torch.cuda.max_memory_allocated(device) / GiB:.2f} GiB allocated by torch, "
+                f"{(total - free) / GiB:.1f} of {total / GiB:.0f} GiB in use on the device")
+    return f"peak resident memory of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
+
+
+def _free_cuda() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------------
+# The checks
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close packed and padded must be, and how far the boundary-crossing control must be."""
+
+    logprob_mean: float  # mean |Δ log-prob| over completion tokens
+    logprob_max: float
+    grad_rel: float  # ||g_packed - g_padded|| / ||g_padded||
+    control_ratio: float  # the control's mean |Δ| over the packed result's, at least
+
+
+FP32 = Tolerance(logprob_mean=1e-5, logprob_max=1e-4, grad_rel=1e-4, control_ratio=100.0)
+#: bf16 rounds to 8 bits of mantissa: two layouts (different kernels, different summation orders) differ by
+#: about 1% of a logit; crossing a boundary changes what a token attends to, which is far more.
+BF16 = Tolerance(logprob_mean=0.03, logprob_max=0.5, grad_rel=0.1, control_ratio=4.0)
+
+
+def check_device() -> Check:
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return Check("cuda", "OK", f"{props.name}, {props.total_memory / GiB:.0f} GiB, compute capability "
+                                   f"{props.major}.{props.minor}, torch {torch.__version__} "
+                                   f"(CUDA {torch.version.cuda})")
+    return Check("cuda", "SKIP", "no CUDA device: the checks below run at tiny shapes in float32 on CPU; the "
+                                 "varlen kernel, the 4-bit CUDA kernels and vLLM's sleep mode are skipped",
+                 "run `dppo doctor --gpu` on a CUDA machine for the GPU paths")
+
+
+def random_sequences(vocab: int, n: int, prompt: tuple[int, int], completion: tuple[int, int], seed: int = 0):
+    """``n`` (prompt ids, completion ids) of random tokens and lengths in the given [lo, hi] ranges."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(lo: int, hi: int) -> list[int]:
+        length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        return torch.randint(3, vocab, (length,), generator=gen).tolist()
+
+    return [(draw(*prompt), draw(*completion)) for _ in range(n)]
+
+
+def boundary_crossing(batch):
+    """The same rows with every row one sequence (positions 0..T-1, one sequence id): attention then
+    crosses the boundaries between the sequences a row holds. The packing check's negative control."""
+    real = batch.seq_ids >= 0
+    row_id = torch.arange(batch.num_rows)[:, None].expand_as(batch.seq_ids)
+    positions = torch.arange(batch.width)[None].expand_as(batch.seq_ids)
+    return replace(batch, seq_ids=torch.where(real, row_id, -1), position_ids=torch.where(real, positions, 0))
+
+
+def _loss_and_grad(model, logprobs: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor) -> tuple[float, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss = -(logprobs.float() * mask * adv[:, None]).sum() / mask.sum()
+    loss.backward()
+    grads = [p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None]
+    return loss.item(), torch.cat(grads)
+
+
+def packing_case(model, route: str, tol: Tolerance, *, n: int, prompt: tuple[int, int],
+                 completion: tuple[int, int], pad_id: int) -> tuple[bool, str]:
+    """Packed against padded on ``route`` for one model: (passed, the measured numbers)."""
+    from dppo_core.logprobs import completion_logprobs_with_grad
+    from dppo_core.packing import PackSequence, pack, packed_completion_logprobs
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    seqs = random_sequences(vocab, n, prompt, completion)
+    prompts, comps = [p for p, _ in seqs], [c for _, c in seqs]
+    adv = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(next(model.parameters()).device)
+    lp_pad, mask = completion_logprobs_with_grad(model, prompts, comps, 1.0, pad_id)
+    loss_pad, g_pad = _loss_and_grad(model, lp_pad, mask, adv)
+    budget = 2 * max(len(p) + len(c) for p, c in seqs)
+    batch = pack([PackSequence(p, c) for p, c in seqs], budget, pad_id=pad_id)
+    lp_pack, _ = packed_completion_logprobs(model, batch, attention=route)
+    loss_pack, g_pack = _loss_and_grad(model, lp_pack, mask, adv)
+    with torch.no_grad():
+        lp_ctrl, _ = packed_completion_logprobs(model, boundary_crossing(batch), attention=route)
+    m = mask.bool()
+    d = (lp_pack.float() - lp_pad.float())[m].abs()
+    d_ctrl = (lp_ctrl.float() - lp_pad.float())[m].abs()
+    grad_rel = ((g_pack - g_pad).norm() / g_pad.norm().clamp_min(1e-30)).item()
+    ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
+    numbers = (f"{n} sequences in {batch.num_rows} rows, mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), "
+               f"loss {loss_pack:.4f} vs {loss_pad:.4f}, gradient rel. diff {grad_rel:.1e}; boundary-crossing "
+               f"control {d_ctrl.mean():.1e} ({ratio:.3g}x)")
+    ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
+          and ratio >= tol.control_ratio and abs(loss_pack - loss_pad) <= max(tol.logprob_mean, 1e-6) * 10)
+    return bool(ok), numbers
+
+
+def check_packing(model_dir: str | Path, device: torch.device, *, attention: str) -> Check:
+    """Packed == padded through ``attention`` ("sdpa": the mask route; "flash_attention_2": varlen)."""
+    from transformers import AutoModelForCausalLM
+
+    from dppo_core.models import quiet_transformers
+
+    route = "varlen" if attention == "flash_attention_2" else "mask"
+    name = f"packing ({route}, {attention})"
+    if attention == "flash_attention_2":
+        from dppo_core.policy import flash_attention_available
+
+        if device.type != "cuda":
+            return Check(name, "SKIP", "flash-attention's variable-length kernel needs CUDA")
+        if not flash_attention_available():
+            return Check(name, "WARN", "flash-attn does not import here, so a packed update on this GPU takes the "
+                                       "mask route (exact, but attention over whole rows: R·T² scores instead of "
+                                       "Σ L²)", "pip install flash-attn --no-build-isolation   (then "
+                                                "attn_implementation=auto uses it)")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tol = BF16 if dtype == torch.bfloat16 else FP32
+    big = device.type == "cuda"
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention)
+            model.to(device)
+        pad_id = model.config.pad_token_id or 0
+        ok, numbers = packing_case(model, route, tol, n=12 if big else 6, prompt=(40, 200) if big else (4, 20),
+                                   completion=(20, 600) if big else (3, 30), pad_id=pad_id)
+    except Exception as exc:  # noqa: BLE001
+        return Check(name, "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+    finally:
+        _free_cuda()
+    detail = f"{str(dtype).removeprefix('torch.')}: {numbers}"
+    if ok:
+        return Check(name, "OK", detail)
+    return Check(name, "FAIL", f"{detail}; outside the tolerance {asdict(tol)}",
+                 "packed updates are not exact here: train with packing=false and report this line")
+
+
+def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
+    """One update step of LoRA on a 4-bit NF4 base, through the package's own loader."""
+    import importlib.util
+
+    from dppo_core.config import DPPOConfig
+    from dppo_core.logprobs import completion_logprobs_with_grad
+    from dppo_core.policy import load_policy
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return Check("qlora", "SKIP", "bitsandbytes is not installed (update_mode=qlora4/qlora8 need it)",
+                     'pip install "bitsandbytes>=0.48"')
+    try:
+        reset_peak(device)
+        t0 = time.perf_counter()
+        config = DPPOConfig(model=str(model_dir), update_mode="qlora4", lora_r=8, lora_alpha=16, device=device.type)
+        with _quiet():
+            model, tokenizer = load_policy(config, str(model_dir), device)
+            import bitsandbytes as bnb
+        quantized = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+        if not quantized:
+            return Check("qlora", "FAIL", "no bitsandbytes Linear4bit layer after loading with qlora4", "report it")
+        weight = quantized[0].weight
+        where = f"{len(quantized)} Linear4bit layers, weights {weight.dtype} on {weight.device}"
+        lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        seqs = random_sequences(vocab, 8, (8, 40), (8, 64) if device.type == "cuda" else (4, 16))
+        with _quiet():
+            lp, mask = completion_logprobs_with_grad(model, [p for p, _ in seqs], [c for _, c in seqs], 1.0,
+                                                     tokenizer.pad_token_id or 0)
+            loss = -(lp.float() * mask).sum() / mask.sum()
+            loss.backward()
+        grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+        moved = sum(not torch.equal(p.detach(), lora[n]) for n, p in model.named_parameters() if n in lora)
+        frozen_base = all(not p.requires_grad for p in (m.weight for m in quantized))
+        seconds = time.perf_counter() - t0
+        memory = peak_memory(device)
+    except Exception as exc:  # noqa: BLE001
+        return Check("qlora", "FAIL", f"crashed ({_error(exc)})",
+                     "check bitsandbytes against its CUDA build: python -m bitsandbytes")
+    finally:
+        _free_cuda()
+    detail = (f"{where}; loss {loss.item():.4f}, {moved} of {len(lora)} adapter tensors moved, "
+              f"{seconds:.1f} s to load and step, {memory}")
+    if not (torch.isfinite(loss) and grads_finite and moved and frozen_base):
+        return Check("qlora", "FAIL", f"{detail}; expected a finite loss and gradients, moved adapters and a "
+                                      "frozen base", "report it with this output")
+    return Check("qlora", "OK", detail)
+
+
+def _prompts(n: int) -> list[list[dict[str, str]]]:
+    from dppo_core.tasks import ArithmeticTask
+
+    return [p.messages() for p in ArithmeticTask().test_set(1)[:n]]
+
+
+def _perturb(model: torch.nn.Module, scale: float = 0.02, seed: int = 1) -> None:
+    """Move every weight by N(0, scale²): what an optimizer step does, exaggerated so a stale engine shows."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_((torch.randn(p.shape, generator=gen) * scale).to(p.device, p.dtype))
+
+
+def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
+    """A colocated engine: memory, sleep/wake (CUDA), full-weight and LoRA sync measured by log-prob mismatch."""
+    import importlib.util
+
+    from dppo_core.models import load_model
+    from dppo_core.rollout import SamplingConfig, logprob_mismatch
+
+    if importlib.util.find_spec("vllm") is None:
+        return [Check("vllm", "SKIP", "vLLM is not installed (rollout_engine=vllm needs it)",
+                      'pip install -e ".[vllm]"')]
+    from dppo_core.vllm_engine import VLLMRollout
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    # bf16 on both sides: vLLM's kernels and transformers' differ by about 1% of a logit
+    tol = 0.05 if cuda else 1e-4
+    sampling = SamplingConfig(max_tokens=64 if cuda else 16, seed=0)
+    prompts = _prompts(8 if cuda else 4)
+    kwargs: dict[str, Any] = {"gpu_memory_utilization": 0.3} if cuda else {"kv_cache_memory_bytes": 1 << 27}
+    checks: list[Check] = []
+    engine = None
+    try:
+        with _quiet():
+            model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
+        free0 = torch.cuda.mem_get_info(device)[0] if cuda else 0
+        t0 = time.perf_counter()
+        with _quiet():
+            engine = VLLMRollout(model_dir, tokenizer, seed=0, **kwargs)
+        start_s = time.perf_counter() - t0
+        batch = engine.generate(prompts, 2, sampling)  # on CUDA the engine sleeps after generating
+        if cuda:
+            free_asleep = torch.cuda.mem_get_info(device)[0]
+            engine._wake(("weights", "kv_cache"))
+            free_awake = torch.cuda.mem_get_info(device)[0]
+            engine._sleep()
+            taken = free0 - free_awake
+            released = free_asleep - free_awake
+            detail = (f"the engine takes {taken / GiB:.1f} GiB awake (gpu_memory_utilization 0.3 of "
+                      f"{torch.cuda.get_device_properties(device).total_memory / GiB:.0f} GiB), sleep gives "
+                      f"{released / GiB:.1f} GiB back to training")
+            checks.append(Check("vllm sleep/wake", "OK" if released >= 0.5 * taken else "FAIL", detail,
+                                "" if released >= 0.5 * taken else "vLLM's sleep mode is not releasing memory: "
+                                "check vllm's version (enable_sleep_mode needs CUDA)"))
+        else:
+            checks.append(Check("vllm sleep/wake", "SKIP", "sleep mode needs CUDA (on CPU the engine stays awake)"))
+        in_step = logprob_mismatch(model, batch)
+        _perturb(model)
+        stale = logprob_mismatch(model, batch)
+        t1 = time.perf_counter()
+        engine.sync(model)
+        sync_s = time.perf_counter() - t1
+        synced = logprob_mismatch(model, engine.generate(prompts, 2, sampling))
+        ok = synced.mean_abs <= tol and stale.mean_abs >= 5 * max(synced.mean_abs, 1e-7)
+        checks.append(Check("vllm weight sync", "OK" if ok else "FAIL",
+                            f"started in {start_s:.0f} s; mean |engine - trainer log-prob| "
+                            f"{in_step.mean_abs:.1e} before "
+                            f"any update, {stale.mean_abs:.1e} after an update without sync, {synced.mean_abs:.1e} "
+                            f"after a {sync_s:.2f} s sync (max {synced.max_abs:.1e}, {synced.num_tokens} tokens)",
+                            "" if ok else "weights do not reach the engine: report this line"))
+        engine.close()
+        engine = None
+        del model
+        _free_cuda()
+        checks.append(_check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs))
+    except Exception as exc:  # noqa: BLE001
+        checks.append(Check("vllm", "FAIL", f"crashed ({_error(exc)})", "run `dppo doctor` for vLLM's install"))
+    finally:
+        if engine is not None:
+            engine.close()
+        _free_cuda()
+    return checks
+
+
+def _check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs) -> Check:
+    from peft import LoraConfig, get_peft_model
+
+    from dppo_core.models import load_model
+    from dppo_core.rollout import logprob_mismatch
+    from dppo_core.vllm_engine import VLLMRollout
+
+    with _quiet():
+        base, tokenizer = load_model(model_dir, device=device, dtype=dtype)
+        engine = VLLMRollout(model_dir, tokenizer, lora=True, max_lora_rank=8, seed=0, **kwargs)
+    try:
+        torch.manual_seed(0)
+        peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "gate_proj", "up_proj", "down_proj"]))
+        engine.sync(peft_model)
+        batch = engine.generate(prompts, 2, sampling)
+        synced = logprob_mismatch(peft_model, batch)
+        with peft_model.disable_adapter():
+            without = logprob_mismatch(peft_model, batch)
+    finally:
+        engine.close()
+    ok = synced.mean_abs <= tol and without.mean_abs >= 5 * max(synced.mean_abs, 1e-7)
+    return Check("vllm adapter sync", "OK" if ok else "FAIL",
+                 f"mean |engine - trainer log-prob| with the adapter synced {synced.mean_abs:.1e} (max "
+                 f"{synced.max_abs:.1e}); the trainer without the adapter {without.mean_abs:.1e}",
+                 "" if ok else "the adapter does not reach the engine: report this line")
+
+
+#: Every method of ours (TRL's peers are not this package's training path).
+STEP_METHODS = ("grpo", "grpo_skip", "grpo_half", "dppo", "pods", "cppo", "greso")
+
+
+def step_overrides(device: torch.device, model_dir: str | Path) -> dict[str, Any]:
+    """What the step checks change on the ``gpu-systems`` bench preset: the model, and on CPU tiny sizes."""
+    out: dict[str, Any] = {"model": str(model_dir), "device": device.type, "max_steps": 1}
+    if device.type != "cuda":
+        out.update(prompts_per_step=4, num_generations=4, max_completion_length=16, micro_batch_size=8,
+                   max_tokens_per_row=64, rollout_engine="hf", train_pool_size=16)
+    return out
+
+
+def train_steps(method: str, config, steps: int, engine: Any = None,
+                on_step: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], Any]:
+    """``steps`` training steps of ``method``'s ``config`` with :func:`synthetic_reward`; returns the step
+    records (each with ``peak_memory``) and the rollout engine (pass it to the next call to reuse a vLLM
+    engine: it is synced to that call's model first)."""
+    from dppo_core.trainer import DPPOTrainer
+
+    device = torch.device(config.device)
+    with _quiet():
+        trainer = DPPOTrainer(config, reward_funcs=[synthetic_reward], progress=False)
+        trainer.engine = engine if engine is not None else trainer.make_engine()
+    trainer.engine.sync(trainer.model)
+    records = []
+    for _ in range(steps):
+        reset_peak(device)
+        record = trainer.train_step()
+        record["peak_memory"] = peak_memory(device)
+        if device.type == "cuda":
+            record["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GiB
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
+    engine = trainer.engine
+    del trainer
+    _free_cuda()
+    return records, engine
+
+
+def format_step(record: dict[str, Any]) -> str:
+    phases = ", ".join(f"{p} {record.get('time_' + p, 0.0):.2f}"
+                       for p in ("rollout", "reward", "prune", "update", "sync"))
+    return (f"step {record['step_time']:.2f} s ({phases}); trained {record.get('sequences_trained', 0)} of "
+            f"{record.get('completions_rolled_out', 0)} completions; {record['peak_memory']}")
+
+
+def check_steps(model_dir: str | Path, device: torch.device, methods: Sequence[str] = STEP_METHODS,
+                on_result: Callable[[Check], None] | None = None) -> list[Check]:
+    """One ``train_step`` of each method on the ``gpu-systems`` configuration (tiny sizes on CPU)."""
+    from dppo_core.bench.presets import bench_preset, method_config
+
+    preset = bench_preset("gpu-systems")
+    checks, engine = [], None
+    with tempfile.TemporaryDirectory(prefix="dppo-doctor-gpu-") as tmp:
+        for method in methods:
+            name = f"step {method}"
+            try:
+                config = method_config(preset, method, 0, tmp).with_overrides(step_overrides(device, model_dir))
+                (record,), engine = train_steps(method, config, 1, engine)
+                finite = all(torch.isfinite(torch.tensor(float(record[k])))
+                             for k in ("loss", "grad_norm") if k in record)
+                check = (Check(name, "OK", format_step(record)) if finite else
+                         Check(name, "FAIL", f"non-finite loss or gradient norm: {format_step(record)}", "report it"))
+            except Exception as exc:  # noqa: BLE001
+                check = Check(name, "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+            checks.append(check)
+            if on_result is not None:
+                on_result(check)
+    if engine is not None and hasattr(engine, "close"):
+        engine.close()
+    _free_cuda()
+    return checks
+
+
+def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None,
+                   on_result: Callable[[Check], None] | None = None,
+                   methods: Sequence[str] = STEP_METHODS) -> list[Check]:
+    """Every check of ``dppo doctor --gpu``; never raises. ``shape``: a key of :data:`SHAPES`; default
+    ``qwen3-1.7b`` on CUDA and ``tiny`` on CPU."""
+    results: list[Check] = []
+
+    def emit(check: Check) -> None:
+        results.append(check)
+        if on_result is not None:
+            on_result(check)
+
+    emit(check_device())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape = shape or ("qwen3-1.7b" if device.type == "cuda" else "tiny")
+    try:
+        t0 = time.perf_counter()
+        with _quiet():
+            model_dir = build_shaped_model(shape, cache_dir, dtype="bfloat16" if device.type == "cuda" else "float32")
+        emit(Check("model", "OK", f"Qwen3 layers of shape {shape!r} ({asdict(SHAPES[shape])}), random weights, "
+                                  f"embedded tokenizer; built or found in {time.perf_counter() - t0:.0f} s"))
+    except Exception as exc:  # noqa: BLE001
+        emit(Check("model", "FAIL", f"could not build the {shape!r} model ({_error(exc)})",
+                   "set DPPO_CACHE_DIR to a writable directory with room"))
+        return results
+    for attention in ("sdpa", "flash_attention_2"):
+        emit(check_packing(model_dir, device, attention=attention))
+    emit(check_qlora(model_dir, device))
+    for check in check_vllm(model_dir, device):
+        emit(check)
+    check_steps(model_dir, device, methods, on_result=emit)
+    return results

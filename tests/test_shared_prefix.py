@@ -1,0 +1,209 @@
+"""The prompt once per group (dppo_core.shared_prefix): the same completion log-probs, loss and gradient as the
+padded layout, on the default CPU route (sdpa with an explicit mask) and eager, packed and one group per row;
+mutant masks and positions are caught; the token count is P + sum of R per segment; the trainer's update
+with `shared_prefix: true` steps with the plain update's gradient."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.logprobs import Sequences, completion_logprobs_with_grad, layout_micro_batches
+from dppo_core.packing import PackSequence
+from dppo_core.shared_prefix import (
+    build_shared_batch,
+    plan_segments,
+    shared_prefix_logprobs,
+    shared_prefix_mask,
+    shared_prefix_micro_batches,
+)
+
+PAD = 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=request.param)
+    return m.eval()
+
+
+def _groups(seed, n_groups=5, g=4, vocab=300):
+    """GRPO-shaped sequences: ``n_groups`` prompts, ``g`` completions each (some groups partly pruned)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 30))]
+        for _ in range(rng.randint(1, g)):
+            out.append(PackSequence(prompt, [rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))]))
+    rng.shuffle(out)  # the layout must not rely on a group's sequences being next to each other
+    return out
+
+
+def _padded(model, seqs):
+    logp, mask = completion_logprobs_with_grad(model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
+                                               1.0, PAD)
+    return logp * mask, mask
+
+
+def _shared(model, seqs, budget, rows_per_micro_batch=2):
+    """Log-probs of every sequence through the micro-batches, in input order."""
+    n = len(seqs)
+    t_c = max(len(s.completion_ids) for s in seqs)
+    logp = torch.zeros(n, t_c)
+    mask = torch.zeros(n, t_c)
+    for idx, batch in shared_prefix_micro_batches(seqs, budget, rows_per_micro_batch, pad_id=PAD):
+        lp, m = shared_prefix_logprobs(model, batch)
+        logp[idx, : lp.shape[1]] = lp
+        mask[idx, : m.shape[1]] = m
+    return logp, mask
+
+
+@pytest.mark.parametrize("seed,budget", [(0, 128), (1, 64), (2, None), (3, 40)])
+def test_shared_prefix_logprobs_equal_padded(model, seed, budget):
+    seqs = _groups(seed)
+    with torch.no_grad():
+        ref, ref_mask = _padded(model, seqs)
+        logp, mask = _shared(model, seqs, budget)
+    assert torch.equal(mask, ref_mask)
+    assert (logp - ref).abs().max() < 1e-5
+
+
+def test_loss_and_gradient_equal_padded(model):
+    seqs = _groups(4, n_groups=6)
+    adv = torch.randn(len(seqs))
+
+    def grads(logp, mask):
+        model.zero_grad(set_to_none=True)
+        loss = -(logp * mask * adv[:, None]).sum() / mask.sum()
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    loss_ref, g_ref = grads(*_padded(model, seqs))
+    loss, g = grads(*_shared(model, seqs, 96))
+    assert abs(loss - loss_ref) < 1e-6
+    assert ((g - g_ref).norm() / g_ref.norm()).item() < 1e-5
+
+
+def test_each_prompt_is_laid_out_once_per_segment():
+    seqs = _groups(5, n_groups=4, g=8)
+    batch = build_shared_batch(seqs, plan_segments(seqs, None), [[s] for s in range(4)], pad_id=PAD)
+    prompts = {tuple(s.prompt_ids) for s in seqs}
+    assert batch.real_tokens == sum(len(p) for p in prompts) + sum(len(s.completion_ids) for s in seqs)
+    assert batch.prompt_copies_saved == sum(len(s.prompt_ids) for s in seqs) - sum(len(p) for p in prompts)
+    # a budget splits a group into segments, each with its own copy of the prompt, none over the budget
+    for budget in (30, 50, 80):
+        for seg in plan_segments(seqs, budget):
+            length = len(seqs[seg[0]].prompt_ids) + sum(len(seqs[i].completion_ids) for i in seg)
+            assert length <= budget or len(seg) == 1
+            assert len({tuple(seqs[i].prompt_ids) for i in seg}) == 1
+
+
+def test_the_mask_lets_a_completion_see_its_prompt_and_itself_only():
+    seqs = [PackSequence([5, 6], [7, 8]), PackSequence([5, 6], [9])]
+    batch = build_shared_batch(seqs, [[0, 1]], [[0]], pad_id=PAD)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    m = shared_prefix_mask(batch)[0, 0].int().tolist()
+    assert m == [[1, 0, 0, 0, 0],
+                 [1, 1, 0, 0, 0],
+                 [1, 1, 1, 0, 0],
+                 [1, 1, 1, 1, 0],
+                 [1, 1, 0, 0, 1]]  # token 9 sees the prompt and itself, not 7 and 8
+    # both completions' first tokens are predicted at the prompt's last position (column 1)
+    assert batch.pred_cols.tolist() == [1, 2, 1] and batch.targets.tolist() == [7, 8, 9]
+
+
+def test_a_mask_that_lets_completions_see_each_other_is_caught(model, monkeypatch):
+    from dppo_core import shared_prefix
+
+    def leaky(batch):
+        seg = batch.segment_ids
+        T = seg.shape[1]
+        same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+        return ((same & torch.ones(T, T, dtype=torch.bool).tril()) | torch.eye(T, dtype=torch.bool))[:, None]
+
+    seqs = _groups(6)
+    with torch.no_grad():
+        ref, _ = _padded(model, seqs)
+        monkeypatch.setattr(shared_prefix, "shared_prefix_mask", leaky)
+        logp, _ = _shared(model, seqs, 128)
+    assert (logp - ref).abs().max() > 1e-2
+
+
+def test_completion_positions_that_restart_are_caught(model, monkeypatch):
+    """RoPE is relative, so positions restarting at 0 for each completion change what a token sees."""
+    from dppo_core import shared_prefix
+
+    real = shared_prefix.build_shared_batch
+
+    def restarting(*a, **k):
+        b = real(*a, **k)
+        prompt = (b.branch_ids == -1) & (b.segment_ids >= 0)
+        b.position_ids = torch.where(prompt, b.position_ids, b.position_ids - b.position_ids.where(
+            prompt, torch.zeros_like(b.position_ids)).amax(dim=1, keepdim=True) - 1).clamp_min(0)
+        return b
+
+    monkeypatch.setattr(shared_prefix, "build_shared_batch", restarting)
+    seqs = _groups(7, n_groups=1, g=4)
+    with torch.no_grad():
+        ref, _ = _padded(model, seqs)
+        logp, _ = _shared(model, seqs, None)
+    assert (logp - ref).abs().max() > 1e-3
+
+
+def test_flash_attention_is_refused_with_a_way_out(tiny_model_dir):
+    with pytest.raises(ConfigError, match="shared-prefix layout needs an attention mask"):
+        DPPOConfig(shared_prefix=True, attn_implementation="flash_attention_2", device="cuda")
+
+
+def test_the_update_layout_saves_the_prompt_copies_and_trains_the_same(small_model_dir, tmp_path):
+    """Through the trainer's own layout and update: one step with shared_prefix on and off, same gradient."""
+    from dppo_core.trainer import DPPOTrainer
+
+    def parity_reward(prompts, completions, **columns):  # signal even for an untrained model
+        return [float(len(c) % 2 == 0) for c in completions]
+
+    seqs_cfg = dict(model=str(small_model_dir), prompts_per_step=4, num_generations=4, max_completion_length=12,
+                    max_steps=1, save_steps=0, train_levels=(2, 3), learning_rate=1e-3, eval_steps=0)
+    grads = {}
+    for shared in (False, True):
+        for packing in (False, True):
+            config = DPPOConfig(**seqs_cfg, output_dir=str(tmp_path / f"{shared}{packing}"), shared_prefix=shared,
+                                packing=packing, max_tokens_per_row=96)
+            trainer = DPPOTrainer(config, reward_funcs=[parity_reward], progress=False)
+            trainer.engine = trainer.make_engine()
+            record = trainer.train_step()
+            # the gradient the optimizer stepped with (the update leaves it in .grad)
+            grads[(shared, packing)] = torch.cat([p.grad.flatten() for p in trainer.model.parameters()
+                                                  if p.grad is not None])
+            if shared:
+                assert record["prompt_tokens_shared"] > 0 and record["update_density"] <= 1
+    base = grads[(False, False)]
+    assert base.norm() > 0
+    for key, g in grads.items():
+        assert ((g - base).norm() / base.norm()).item() < 1e-5, key
+
+
+def test_layout_micro_batches_takes_the_shared_prefix_route():
+    c = DPPOConfig(shared_prefix=True, packing=True, max_tokens_per_row=64, packing_rows_per_micro_batch=2)
+    seqs = _groups(8)
+    s = Sequences([x.prompt_ids for x in seqs], [x.completion_ids for x in seqs], torch.zeros(len(seqs)),
+                  torch.ones(len(seqs), dtype=torch.float64), 1)
+    mbs, _, stats = layout_micro_batches(s, c, PAD)
+    assert sorted(i for mb in mbs for i in mb) == list(range(len(seqs)))
+    assert stats["prompt_tokens_shared"] > 0
+    assert stats["update_density"] * stats["update_capacity"] + stats["prompt_tokens_shared"] == \
+        pytest.approx(sum(len(x) for x in seqs))
