@@ -150,7 +150,7 @@ def test_the_gpu_systems_preset_refuses_a_cpu():
     assert BENCH_PRESETS["gpu-systems"].kind == "systems"
 
 
-def test_the_systems_bench_times_every_method_padded_and_packed(tmp_path, cache_dir, monkeypatch):
+def test_the_systems_bench_times_every_method_in_every_layout(tmp_path, cache_dir, monkeypatch):
     """The gpu-systems code path, on the CPU at tiny shapes: every run, its medians, the speedups, the table."""
     gpu = BENCH_PRESETS["gpu-systems"]
     tiny = BenchPreset("tiny-systems", "gpu-systems at tiny shapes", base=gpu.base, methods=gpu.methods,
@@ -159,10 +159,10 @@ def test_the_systems_bench_times_every_method_padded_and_packed(tmp_path, cache_
                        method_overrides={m: {"max_tokens_per_row": 64} for m in gpu.methods}, kind="systems")
     monkeypatch.setenv("DPPO_CACHE_DIR", str(cache_dir))
     result = run_bench(tiny, tmp_path, command="test", log=lambda s: None)
-    assert set(result["runs"]) == {f"{m}-{p}" for m in gpu.methods for p in ("padded", "packed")}
+    assert set(result["runs"]) == {f"{m}-{p}" for m in gpu.methods for p in ("padded", "packed", "shared")}
     for label, run in result["runs"].items():
         assert run["timed_steps"] == 1 and run["step_time_median"] > 0, label
-        assert run["packing"] == label.endswith("packed")
+        assert run["packing"] == (not label.endswith("padded")) and run["shared_prefix"] == label.endswith("shared")
         lines = (tmp_path / "runs" / label / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 3
     assert result["speedup_vs"]["grpo-padded"]["grpo-padded"] == 1.0

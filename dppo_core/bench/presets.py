@@ -163,7 +163,8 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         requires_gpu=True, eval_benchmarks=("math500",), eval_limit=200,
         runtime="several hours on one H100-class GPU; needs the Hugging Face Hub for the model and MATH"),
     BenchPreset(
-        "gpu-systems", "step time per phase of grpo, grpo_skip and dppo, each padded and packed, on Qwen3-1.7B's "
+        "gpu-systems", "step time per phase of grpo, grpo_skip and dppo, each padded, packed and with a shared "
+                       "prompt prefix, on Qwen3-1.7B's "
                        "layers with random weights, vLLM colocated and LoRA: timing only (a stand-in reward), "
                        "no download",
         base="qwen3-math-grpo", methods=("grpo", "grpo_skip", "dppo"),
@@ -173,7 +174,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         method_overrides={m: {"max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2}
                           for m in ("grpo", "grpo_skip", "dppo")},
         requires_gpu=True, kind="systems",
-        runtime="about 15-25 minutes on one H100-class GPU (6 runs of 7 steps, the first 2 of each untimed)"),
+        runtime="about 20-35 minutes on one H100-class GPU (9 runs of 7 steps, the first 2 of each untimed)"),
 )}
 
 

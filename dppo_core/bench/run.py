@@ -155,7 +155,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
     seeds = tuple(dict.fromkeys(seeds)) if seeds else preset.seeds
     output_dir = Path(output_dir)
     configs = build_configs(preset, methods, seeds, output_dir, overrides)
-    if preset.kind == "systems":  # step times only, every method padded and packed: bench/systems.py
+    if preset.kind == "systems":  # step times only, every method in every layout: bench/systems.py
         from dppo_core.bench.systems import run_systems
 
         return run_systems(preset, configs, output_dir, log=log, command=command)

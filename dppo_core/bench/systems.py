@@ -1,6 +1,7 @@
 """The systems bench (``dppo bench --preset gpu-systems``): where a step's time goes, nothing about learning.
 
-Each method runs padded and packed, a few steps each, on a Qwen3-shaped model with random weights
+Each method runs padded, packed, and packed with each prompt once per group (:data:`LAYOUTS`), a few
+steps each, on a Qwen3-shaped model with random weights
 (:func:`dppo_core.gpu_check.build_shaped_model`) and a stand-in reward
 (:func:`dppo_core.gpu_check.synthetic_reward`: random weights get every answer wrong, which would leave
 every group degenerate and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not
@@ -32,8 +33,16 @@ WARMUP_STEPS = 2
 PHASES = ("rollout", "reward", "prune", "update", "sync")
 
 
-def run_label(method: str, packing: bool) -> str:
-    return f"{method}-{'packed' if packing else 'padded'}"
+#: The update layouts each method is timed with: (label suffix, config fields).
+LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("padded", {"packing": False, "shared_prefix": False}),
+    ("packed", {"packing": True, "shared_prefix": False}),
+    ("shared", {"packing": True, "shared_prefix": True}),  # each prompt once per group (dppo_core.shared_prefix)
+)
+
+
+def run_label(method: str, layout: str) -> str:
+    return f"{method}-{layout}"
 
 
 def summarize_steps(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, Any]:
@@ -91,7 +100,7 @@ def format_systems(result: Mapping[str, Any]) -> str:
 
 def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfig], output_dir: str | Path, *,
                 log: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
-    """Every method of ``configs`` padded and packed for its ``max_steps``; write and return ``bench.json``."""
+    """Every method of ``configs`` in every layout (LAYOUTS) for its ``max_steps``; write and return ``bench.json``."""
     from dppo_core.gpu_check import format_step, train_steps
 
     output_dir = Path(output_dir)
@@ -104,9 +113,9 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
     model = None
     timed = 0
     for (method, seed), base in configs.items():
-        for packing in (False, True):
-            label = run_label(method, packing)
-            config = base.with_overrides({"packing": packing, "output_dir": str(output_dir / "runs" / label)})
+        for layout, fields in LAYOUTS:
+            label = run_label(method, layout)
+            config = base.with_overrides({**fields, "output_dir": str(output_dir / "runs" / label)})
             model = config.model
             log(f"{label} (seed {seed}): {config.max_steps} steps ...")
             records, engine = train_steps(method, config, config.max_steps, engine,
@@ -114,7 +123,7 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
             run_dir = Path(config.output_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-            results[label] = {"method": method, "packing": packing, "seed": seed, **summarize_steps(records)}
+            results[label] = {"method": method, "layout": layout, **fields, "seed": seed, **summarize_steps(records)}
             timed = results[label]["timed_steps"]
     if engine is not None and hasattr(engine, "close"):
         engine.close()
