@@ -105,7 +105,7 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[lis
     padded = [order[i : i + c.micro_batch_size] for i in range(0, len(order), c.micro_batch_size)]
     padded_capacity = sum(len(idx) * max(lengths[i] for i in idx) for idx in padded)
     real = sum(lengths)
-    if getattr(c, "shared_prefix", False):
+    if c.shared_prefix:
         return _shared_prefix_layout(seqs, c, pad_id, real, padded_capacity)
     if not c.packing:
         def forward(m: torch.nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:

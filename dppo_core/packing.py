@@ -346,7 +346,6 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
     device = next(model.parameters()).device
     n = batch.num_sequences
     c = batch.completion_lengths
-    t_c = int(c.max()) if n else 0
     # one entry per completion token: its sequence, its index in the completion, and where it is scored
     tok_seq = torch.repeat_interleave(torch.arange(n), c)  # (K,)
     starts = torch.cumsum(c, 0) - c
@@ -365,14 +364,36 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
         flat_index = row * batch.width + col
         kwargs = {}
         if route == "mask":
-            mask = block_causal_mask(batch.seq_ids).to(device)  # (R, 1, T, T) bool, True = attend
-            if attention_implementation(model) == "eager":  # eager adds the mask to the scores
-                dtype = _compute_dtype(model)
-                mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
-            kwargs["attention_mask"] = mask
+            kwargs["attention_mask"] = model_attention_mask(model, block_causal_mask(batch.seq_ids), device)
         out = model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
                     use_cache=False, **kwargs)
-    logits = out.logits
+    return completion_grid(out.logits, flat_index, targets, c, temperature)
+
+
+def model_attention_mask(model, mask: torch.Tensor, device) -> torch.Tensor:
+    """A (R, 1, T, T) boolean mask (True = attend) as ``model``'s attention takes it: boolean for sdpa, additive
+    float (0 or the dtype's minimum) for eager, which adds the mask to the scores."""
+    mask = mask.to(device)
+    if attention_implementation(model) != "eager":
+        return mask
+    dtype = _compute_dtype(model)
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def completion_grid(logits: torch.Tensor, flat_index: torch.Tensor, targets: torch.Tensor,
+                    completion_lengths: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs laid out (N, T_c), and their mask, from a forward's logits.
+
+    ``flat_index[k]`` is the flattened (row * width + column) position whose logits predict completion token
+    k, ``targets[k]`` that token; tokens are in sequence order, then token order, ``completion_lengths``
+    per sequence. Only those K positions go through the log-softmax.
+    """
+    device = logits.device
+    c = completion_lengths
+    n = len(c)
+    t_c = int(c.max()) if n else 0
+    tok_seq = torch.repeat_interleave(torch.arange(n), c)  # (K,)
+    tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)  # (K,)
     picked = logits.reshape(-1, logits.shape[-1]).index_select(0, flat_index.to(device))  # (K, V)
     lp = token_logprobs(picked[None], targets.to(device)[None], temperature)[0]  # (K,)
     index = (tok_seq.to(device), tok_k.to(device))

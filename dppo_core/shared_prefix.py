@@ -29,8 +29,14 @@ from dataclasses import dataclass
 
 import torch
 
-from dppo_core.grpo import token_logprobs
-from dppo_core.packing import PackSequence, _validate, plan_rows
+from dppo_core.packing import (
+    PackSequence,
+    _validate,
+    attention_implementation,
+    completion_grid,
+    model_attention_mask,
+    plan_rows,
+)
 
 
 @dataclass
@@ -211,30 +217,12 @@ def shared_prefix_logprobs(model, batch: SharedPrefixBatch,
     (N, T_c) in input order, float32, 0 on padding. Differentiable, plain and PEFT models alike; the
     model must take a 4-D boolean (sdpa) or additive (eager) attention mask.
     """
-    from dppo_core.packing import _compute_dtype, attention_implementation
-
     impl = attention_implementation(model)
     if "flash" in impl:
         raise ValueError(f"the shared-prefix layout needs an attention mask, which {impl} does not take; load "
                          "the model with attn_implementation='sdpa' or set shared_prefix: false")
     device = next(model.parameters()).device
-    mask = shared_prefix_mask(batch).to(device)
-    if impl == "eager":
-        dtype = _compute_dtype(model)
-        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
     out = model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
-                attention_mask=mask, use_cache=False)
-    logits = out.logits
-    flat = (batch.pred_rows * batch.input_ids.shape[1] + batch.pred_cols).to(device)
-    picked = logits.reshape(-1, logits.shape[-1]).index_select(0, flat)  # (K, V)
-    lp = token_logprobs(picked[None], batch.targets.to(device)[None], temperature)[0]  # (K,)
-    c = batch.completion_lengths
-    n = batch.num_sequences
-    tok_seq = torch.repeat_interleave(torch.arange(n), c)
-    tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
-    t_c = int(c.max()) if n else 0
-    index = (tok_seq.to(device), tok_k.to(device))
-    logprobs = torch.zeros((n, t_c), dtype=lp.dtype, device=device).index_put(index, lp)
-    mask_out = torch.zeros((n, t_c), dtype=torch.float32, device=device)
-    mask_out[index] = 1.0
-    return logprobs, mask_out
+                attention_mask=model_attention_mask(model, shared_prefix_mask(batch), device), use_cache=False)
+    flat = batch.pred_rows * batch.input_ids.shape[1] + batch.pred_cols
+    return completion_grid(out.logits, flat, batch.targets, batch.completion_lengths, temperature)
