@@ -1,21 +1,34 @@
-"""Rollout throughput, transformers ``generate`` vs vLLM (in-process), on the tiny model and a ~25M one.
+"""Rollout throughput on CPU: the three engines across batch sizes and completion-length spreads.
 
-Made with (from the repository root; about 10 minutes on 2 otherwise idle CPU cores):
+Made with (from the repository root; about 15 minutes on 2 otherwise idle CPU cores):
 
     DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json
 
-Workload per run: ``--prompts`` task prompts x ``--num-generations`` samples each, at most ``--max-tokens``
-new tokens, temperature 1, one ``generate`` call (what one GRPO step asks for). Throughput is generated
-tokens (stop tokens included) per wall-clock second of that call. Each (model, engine) measurement runs
-in a fresh subprocess (vLLM pins CPU threads for the whole process, which would skew a later transformers
-run): one warm-up call, then ``--repeats`` timed calls with different seeds. ``--rounds`` rounds cycle
-through all pairs, so a change in machine load hits every pair alike; the median over all timed calls
-is reported. Also measured: engine start time and full-weight sync time (``VLLMRollout.sync``).
+Engines:
 
-Both models are built locally like the embedded one (untrained weights, so completions are random text
-and rarely stop early: the workload is close to prompts x G x max_tokens). Machine load is recorded
-before and after, since the development machine is shared.
+- ``hf``: :class:`~dppo_core.rollout.HFRollout`'s default compact loop (a finished sequence leaves the
+  batch and the KV cache at once).
+- ``hf-generate``: the same engine with ``decode="generate"`` (transformers ``generate``: every row is
+  computed until the batch's longest completion ends). It gives the same samples as ``hf``.
+- ``vllm``: :class:`~dppo_core.vllm_engine.VLLMRollout`, in-process, fp32, eager.
+
+Workloads (``--spreads``), both on the embedded tiny model's architecture (2.3M parameters), temperature 1,
+at most ``--max-tokens`` new tokens, ``batch_size / 8`` prompts x 8 samples in one ``generate`` call (what one
+GRPO step asks for, ``batch_size`` is in sequences):
+
+- ``train``: the warm-started model on training prompts of levels 2-5 (the cpu-full bench's setting):
+  completions stop where the model ends its answer, from a few tokens to ``max_tokens``, so a static batch
+  pads a lot.
+- ``full``: the untrained model, whose completions never stop early: every sequence runs ``max_tokens``,
+  no spread.
+
+Throughput is generated tokens (stop tokens included) per wall-clock second of the call. Each (spread,
+engine) measurement runs in a fresh subprocess (vLLM pins CPU threads for the whole process): one warm-up
+call per batch size, then ``--repeats`` timed calls with different seeds; ``--rounds`` rounds cycle through
+all pairs, so a change in machine load hits every pair alike. Reported per (spread, engine, batch size): the
+median over rounds x repeats, and per engine how much its time per token varies across batch sizes and
+spreads (max / min of the medians). Machine load is recorded before and after.
 """
 
 from __future__ import annotations
@@ -24,184 +37,213 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-MODELS = {
-    # the embedded default, ~2.3M parameters
-    "tiny": {},
-    # same recipe, ~25M parameters: 8 layers of width 512, GQA 8 query / 2 key-value heads
-    "25M": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=2, head_dim=64),
-}
+ENGINES = ("hf", "hf-generate", "vllm")
+SPREADS = ("train", "full")
+NUM_GENERATIONS = 8
 
 
-def worker(model_name: str, engine_name: str, args: argparse.Namespace) -> dict:
-    """One (model, engine) measurement; runs in its own process."""
+def worker(spread: str, engine_name: str, args: argparse.Namespace) -> dict:
+    """One (spread, engine) measurement over every batch size; runs in its own process."""
     if engine_name == "vllm":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
 
-    from dppo_core.models import TinyModelConfig, build_tiny_model, count_parameters, load_model
-    from dppo_core.rollout import HFRollout, SamplingConfig, VLLMRollout
+    from dppo_core.models import TinyModelConfig, WarmStartConfig, build_tiny_model, load_model, warm_start
+    from dppo_core.rollout import HFRollout, SamplingConfig
     from dppo_core.tasks import ArithmeticTask
 
-    config = TinyModelConfig(**MODELS[model_name])
-    path = build_tiny_model(config, args.cache_dir)
-    model, tokenizer = load_model(path)
-    prompts = [p.messages() for p in ArithmeticTask().test_set(args.prompts)[: args.prompts]]
-    t0 = time.perf_counter()
-    if engine_name == "hf":
-        engine = HFRollout(model, tokenizer)
+    if spread == "train":
+        path = warm_start(WarmStartConfig(), cache_dir=args.cache_dir)
     else:
+        path = build_tiny_model(TinyModelConfig(), args.cache_dir)
+    model, tokenizer = load_model(path)
+    task = ArithmeticTask(levels=[2, 3, 4, 5])
+    problems = task.sample_train(random.Random(0), max(args.batch_sizes) // NUM_GENERATIONS)
+    prompts = [p.messages() for p in problems]
+    t0 = time.perf_counter()
+    if engine_name == "vllm":
+        from dppo_core.vllm_engine import VLLMRollout
+
         engine = VLLMRollout(path, tokenizer)
+    else:
+        engine = HFRollout(model, tokenizer, decode="generate" if engine_name == "hf-generate" else "compact")
     start_s = time.perf_counter() - t0
 
-    def run(seed: int) -> tuple[float, int]:
+    def run(batch_size: int, seed: int) -> dict:
         s = SamplingConfig(max_tokens=args.max_tokens, temperature=1.0, seed=seed)
         t = time.perf_counter()
-        batch = engine.generate(prompts, args.num_generations, s)
-        return time.perf_counter() - t, batch.num_generated_tokens
+        batch = engine.generate(prompts[: batch_size // NUM_GENERATIONS], NUM_GENERATIONS, s)
+        seconds = time.perf_counter() - t
+        lengths = [n for group in batch.lengths() for n in group]
+        return {"seconds": round(seconds, 4), "tokens": batch.num_generated_tokens,
+                "tokens_per_s": round(batch.num_generated_tokens / seconds, 1),
+                "mean_length": round(statistics.mean(lengths), 2), "max_length": max(lengths)}
 
-    run(seed=1000)  # warm-up
-    runs = [run(seed=i) for i in range(args.repeats)]
-    tps = [n / s for s, n in runs]
-    result = {
-        "model": model_name,
-        "engine": engine_name,
-        "parameters": count_parameters(model),
-        "model_config": asdict(config),
-        "start_s": round(start_s, 2),
-        "runs": [{"seconds": round(s, 3), "tokens": n, "tokens_per_s": round(n / s, 1)} for s, n in runs],
-        "tokens_per_s_median": round(statistics.median(tps), 1),
-        "torch_threads": torch.get_num_threads(),
-    }
-    if engine_name == "vllm":
-        sync_s = []
-        for _ in range(3):
-            t = time.perf_counter()
-            engine.sync(model)
-            sync_s.append(time.perf_counter() - t)
-        result["full_sync_s_median"] = round(statistics.median(sync_s), 4)
-    return result
+    rows = []
+    for batch_size in args.batch_sizes:
+        run(batch_size, seed=1000)  # warm-up at this shape
+        runs = [run(batch_size, seed=i) for i in range(args.repeats)]
+        rows.append({"spread": spread, "engine": engine_name, "batch_size": batch_size, "runs": runs})
+    return {"start_s": round(start_s, 2), "torch_threads": torch.get_num_threads(), "rows": rows}
+
+
+def summarize(per_pair: dict[tuple[str, str], list[dict]]) -> tuple[list[dict], dict]:
+    """Rows of medians per (spread, engine, batch size), and per engine the spread of its time per token."""
+    results = []
+    for (spread, engine_name), workers in per_pair.items():
+        for i, first in enumerate(workers[0]["rows"]):
+            runs = [run for w in workers for run in w["rows"][i]["runs"]]
+            tps = [run["tokens_per_s"] for run in runs]
+            median = statistics.median(tps)
+            results.append({
+                "spread": spread, "engine": engine_name, "batch_size": first["batch_size"],
+                "tokens_per_s_median": round(median, 1), "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+                "us_per_token_median": round(1e6 / median, 1),
+                "mean_length": round(statistics.mean(run["mean_length"] for run in runs), 1),
+                "max_length_mean": round(statistics.mean(run["max_length"] for run in runs), 1),
+                "start_s_median": round(statistics.median(w["start_s"] for w in workers), 2),
+                "runs": runs,
+            })
+    variation = {}
+    for engine_name in sorted({r["engine"] for r in results}):
+        times = {(r["spread"], r["batch_size"]): r["us_per_token_median"]
+                 for r in results if r["engine"] == engine_name}
+        by_spread = {s: [t for (sp, _), t in times.items() if sp == s] for s in {sp for sp, _ in times}}
+        by_batch = {b: [t for (_, bs), t in times.items() if bs == b] for b in {bs for _, bs in times}}
+        variation[engine_name] = {
+            # max / min of the median time per generated token over all (spread, batch size) cells
+            "all": round(max(times.values()) / min(times.values()), 3),
+            "across_batch_sizes": {s: round(max(v) / min(v), 3) for s, v in sorted(by_spread.items())},
+            "across_spreads": {str(b): round(max(v) / min(v), 3) for b, v in sorted(by_batch.items())},
+        }
+    return results, variation
 
 
 def write_markdown(report: dict, path: Path) -> None:
-    """The results as a Markdown table, next to the JSON."""
-    lines = ["# Rollout throughput: transformers `generate` vs vLLM (in-process, CPU)", "",
+    """The results as Markdown tables, next to the JSON."""
+    w = report["workload"]
+    lines = ["# Rollout throughput on CPU: compact transformers loop, transformers `generate`, vLLM", "",
              f"Command: `{report['command']}`", "",
-             f"Workload: {report['workload']['prompts']} prompts x {report['workload']['num_generations']} samples, "
-             f"at most {report['workload']['max_tokens']} new tokens, temperature 1; "
-             f"{report['workload']['statistic']}.", "",
-             "| model | parameters | engine | tokens/s (median) | min - max | start (s) | full sync (s) |",
+             f"Workload: batch size / {NUM_GENERATIONS} prompts x {NUM_GENERATIONS} samples in one call, at most "
+             f"{w['max_tokens']} new tokens, temperature 1; {w['statistic']}. `train`: the warm-started tiny "
+             "model on training prompts of levels 2-5 (completions stop where the answer ends); `full`: the "
+             "untrained tiny model (every completion runs to the limit).", "",
+             "| spread | engine | batch size | tokens/s (median) | min - max | µs per token | mean / longest length |",
              "|---|---|---|---|---|---|---|"]
-    for r in report["results"]:
-        sync = r.get("full_sync_s_median")
-        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['engine']} | "
-                     f"{r['tokens_per_s_median']:.0f} | "
-                     f"{r['tokens_per_s_min']:.0f} - {r['tokens_per_s_max']:.0f} | {r['start_s_median']:.1f} | "
-                     f"{'' if sync is None else f'{sync:.3f}'} |")
+    for r in sorted(report["results"], key=lambda r: (r["spread"], ENGINES.index(r["engine"]), r["batch_size"])):
+        lines.append(f"| {r['spread']} | {r['engine']} | {r['batch_size']} | {r['tokens_per_s_median']:.0f} | "
+                     f"{r['tokens_per_s_min']:.0f} - {r['tokens_per_s_max']:.0f} | {r['us_per_token_median']:.0f} | "
+                     f"{r['mean_length']:.1f} / {r['max_length_mean']:.1f} |")
+    lines += ["", "Time per generated token, max / min of the medians (1.15 would be a 15% variation):", "",
+              "| engine | over every cell | across batch sizes, per spread | across spreads, per batch size |",
+              "|---|---|---|---|"]
+    for engine_name, v in report["time_per_token_variation"].items():
+        lines.append(f"| {engine_name} | {v['all']:.2f} | "
+                     + ", ".join(f"{s}: {x:.2f}" for s, x in v["across_batch_sizes"].items()) + " | "
+                     + ", ".join(f"{b}: {x:.2f}" for b, x in v["across_spreads"].items()) + " |")
+    lines += ["", "Speed-up of the compact loop over `generate` (median tokens/s): "
+              + ", ".join(f"{k}: {v}" for k, v in report["speedup_hf_over_generate"].items()) + ".",
+              "", "vLLM over the compact loop: "
+              + ", ".join(f"{k}: {v}" for k, v in report["speedup_vllm_over_hf"].items()) + "."]
     m = report["machine"]
-    lines += ["", f"vLLM / transformers speed-up: {report['speedup_vllm_over_hf']}.", "",
-              f"Machine: {m['cpus']} CPUs, torch {m['torch']}, vLLM {m['vllm']}; 1-minute load average "
+    lines += ["", f"Machine: {m['cpus']} CPUs, torch {m['torch']}, vLLM {m['vllm']}; 1-minute load average "
               f"{m['loadavg_before'][0]} before, {m['loadavg_after'][0]} after."]
     if report.get("note"):
         lines += ["", report["note"]]
     path.write_text("\n".join(lines) + "\n")
 
 
+def speedups(results: list[dict], faster: str, slower: str) -> dict[str, float]:
+    by = {(r["spread"], r["engine"], r["batch_size"]): r["tokens_per_s_median"] for r in results}
+    return {f"{s}/{b}": round(by[(s, faster, b)] / by[(s, slower, b)], 2)
+            for (s, e, b) in sorted(by) if e == faster and (s, slower, b) in by}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rollout_throughput.json"))
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--spreads", nargs="+", default=list(SPREADS), choices=SPREADS)
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 64, 128, 256],
+                        help=f"sequences per call, multiples of {NUM_GENERATIONS}")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2, help="timed calls per worker process")
-    parser.add_argument("--rounds", type=int, default=3, help="worker processes per (model, engine) pair")
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls per batch size per worker process")
+    parser.add_argument("--rounds", type=int, default=3, help="worker processes per (spread, engine) pair")
     parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "ENGINE"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("SPREAD", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if any(b < NUM_GENERATIONS or b % NUM_GENERATIONS for b in args.batch_sizes):
+        parser.error(f"--batch-sizes must be multiples of {NUM_GENERATIONS} (prompts x {NUM_GENERATIONS} samples), "
+                     f"got {args.batch_sizes}")
 
     if args.worker:
         print("RESULT " + json.dumps(worker(*args.worker, args)), flush=True)
         return 0
 
-    passthrough = ["--prompts", str(args.prompts), "--num-generations", str(args.num_generations),
-                   "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)]
+    passthrough = ["--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+                   "--batch-sizes", *map(str, args.batch_sizes)]
     if args.cache_dir:
         passthrough += ["--cache-dir", str(args.cache_dir)]
     load_before = os.getloadavg()
     per_pair: dict[tuple[str, str], list[dict]] = {}
+    loads = []
     for round_ in range(args.rounds):  # rounds interleave the pairs, so load changes hit all of them alike
-        for model_name in args.models:
+        for spread in args.spreads:
             for engine_name in args.engines:
-                print(f"round {round_ + 1}/{args.rounds}: {model_name} / {engine_name} ...", flush=True)
-                proc = subprocess.run([sys.executable, __file__, "--worker", model_name, engine_name, *passthrough],
+                print(f"round {round_ + 1}/{args.rounds}: {spread} / {engine_name} ...", flush=True)
+                proc = subprocess.run([sys.executable, __file__, "--worker", spread, engine_name, *passthrough],
                                       capture_output=True, text=True, check=False)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 if proc.returncode != 0 or not lines:
                     print(proc.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"worker {model_name}/{engine_name} failed (exit {proc.returncode})")
+                    raise SystemExit(f"worker {spread}/{engine_name} failed (exit {proc.returncode})")
                 r = json.loads(lines[-1][len("RESULT "):])
-                r["loadavg_1min"] = round(os.getloadavg()[0], 2)
-                print(f"    {r['tokens_per_s_median']:.0f} tokens/s ({r['parameters'] / 1e6:.1f}M parameters, "
-                      f"load {r['loadavg_1min']})", flush=True)
-                per_pair.setdefault((model_name, engine_name), []).append(r)
+                loads.append(round(os.getloadavg()[0], 2))
+                medians = [f"{row['batch_size']}: {statistics.median(x['tokens_per_s'] for x in row['runs']):.0f}"
+                           for row in r["rows"]]
+                print("    " + ", ".join(medians) + f" tokens/s (load {loads[-1]})", flush=True)
+                per_pair.setdefault((spread, engine_name), []).append(r)
 
-    results = []
-    for (_, engine_name), rs in per_pair.items():
-        runs = [run for r in rs for run in r["runs"]]
-        merged = {k: v for k, v in rs[0].items() if k not in ("runs", "tokens_per_s_median", "start_s",
-                                                               "full_sync_s_median", "loadavg_1min")}
-        merged.update(
-            tokens_per_s_median=round(statistics.median(run["tokens_per_s"] for run in runs), 1),
-            tokens_per_s_min=min(run["tokens_per_s"] for run in runs),
-            tokens_per_s_max=max(run["tokens_per_s"] for run in runs),
-            start_s_median=round(statistics.median(r["start_s"] for r in rs), 2),
-            runs=runs,
-            loadavg_1min_per_round=[r["loadavg_1min"] for r in rs],
-        )
-        if engine_name == "vllm":
-            merged["full_sync_s_median"] = round(statistics.median(r["full_sync_s_median"] for r in rs), 4)
-        results.append(merged)
-
-    speedups = {}
-    for m in args.models:
-        by = {r["engine"]: r for r in results if r["model"] == m}
-        if "hf" in by and "vllm" in by:
-            speedups[m] = round(by["vllm"]["tokens_per_s_median"] / by["hf"]["tokens_per_s_median"], 2)
-
+    results, variation = summarize(per_pair)
     import torch
-    import vllm
 
+    try:
+        import vllm
+
+        vllm_version = vllm.__version__
+    except ImportError:
+        vllm_version = None
     report = {
         "command": "DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING .venv/bin/python "
                    "benchmarks/rollout_throughput.py " + " ".join(a for a in sys.argv[1:]),
-        "workload": {"prompts": args.prompts, "num_generations": args.num_generations,
+        "workload": {"batch_sizes": args.batch_sizes, "num_generations": NUM_GENERATIONS,
                      "max_tokens": args.max_tokens, "temperature": 1.0, "repeats": args.repeats,
-                     "rounds": args.rounds,
-                     "statistic": "median over rounds x repeats timed calls, each process after one warm-up call"},
+                     "rounds": args.rounds, "spreads": args.spreads,
+                     "statistic": "median over rounds x repeats timed calls, each after a warm-up call at its shape"},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "vllm": vllm.__version__,
+                    "torch": torch.__version__, "vllm": vllm_version,
                     "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()], "loadavg_1min_per_worker": loads},
         "results": results,
-        "speedup_vllm_over_hf": speedups,
+        "time_per_token_variation": variation,
+        "speedup_hf_over_generate": speedups(results, "hf", "hf-generate"),
+        "speedup_vllm_over_hf": speedups(results, "vllm", "hf"),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    if max(m for r in results for m in r["loadavg_1min_per_round"]) > (os.cpu_count() or 1):  # ours adds ~1
+    if max(loads) > (os.cpu_count() or 1):  # ours adds ~1
         report["note"] = ("The machine was shared with other jobs during this run (1-minute load average above "
-                          "the core count, see loadavg_1min_per_round): single calls varied several-fold, so "
-                          "read the medians as rough; rerun on an idle machine for firm numbers.")
+                          "the core count, see loadavg_1min_per_worker): read the medians as rough; rerun on an "
+                          "idle machine for firm numbers.")
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, args.output.with_suffix(".md"))
-    print(json.dumps(speedups))
+    print(json.dumps(report["time_per_token_variation"]))
     return 0
 
 

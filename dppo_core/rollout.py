@@ -3,8 +3,10 @@
 The trainer and the evaluator see only :class:`RolloutBatch` and two methods, ``generate`` and ``sync``;
 which engine sits behind them does not matter.
 
-- :class:`HFRollout`: transformers ``generate`` on the training model itself, batched, CPU or GPU. Always
-  available; the reference for correctness.
+- :class:`HFRollout`: the training model itself, batched, CPU or GPU. Always available; the reference for
+  correctness. Its default loop drops a sequence from the batch (and the KV cache) as soon as it ends, so a
+  rollout costs what its tokens cost; ``decode="generate"`` runs transformers ``generate`` instead, with
+  the same samples for the same seed.
 - :class:`~dppo_core.vllm_engine.VLLMRollout` (in :mod:`dppo_core.vllm_engine`; still importable from
   here): vLLM colocated in the training process (in-process engine, no worker processes), ``n = G``
   samples per prompt request. After each optimizer step ``sync(model)`` pushes the new policy into it:
@@ -257,21 +259,47 @@ def truncated_importance_weights(logp_train: torch.Tensor, logp_engine: torch.Te
 
 
 class HFRollout:
-    """Rollouts with transformers ``generate`` on the training model itself (so ``sync`` has nothing to do).
+    """Rollouts on the training model itself with transformers (so ``sync`` has nothing to do).
+
+    Two decode loops give the same samples for the same seed (tested; see ``decode``):
+
+    - ``"compact"`` (default): our own loop over the model's forward with a KV cache. A sequence that
+      generates a stop token leaves the batch at once (its rows of the KV cache are dropped), so every
+      decode step computes only the sequences still running and a rollout costs what its tokens cost,
+      not ``batch x longest completion``.
+    - ``"generate"``: transformers ``generate``, which decodes the whole batch until its longest completion
+      ends (finished rows keep being computed and padded). Kept as the reference the compact loop is
+      tested against.
+
+    Why the samples agree: for one sample per row, ``torch.multinomial`` draws ``q ~ Exp(1)`` of the
+    batch's ``(rows, vocab)`` shape and returns ``argmax(p / q)``. The compact loop draws the noise of
+    the *whole* chunk's shape every step, as ``generate`` does, and gives each running sequence its own
+    row of it, so a sequence's tokens depend on its own probabilities and noise only, whoever else is
+    still running. The probabilities themselves are computed on a smaller batch; where the CPU kernels
+    round a row differently at another batch size, a near tie can flip a token (the log-probs are those
+    of the tokens actually sampled either way).
 
     Args:
         model: a causal LM (transformers or PEFT-wrapped).
         tokenizer: its tokenizer (left padding is used for batching).
-        batch_size: sequences generated at once; lower it if memory is short (the per-step scores of a
-            chunk are kept until it finishes: ``batch_size * max_tokens * vocab`` floats).
+        batch_size: sequences generated at once; lower it if memory is short (the KV cache of a chunk,
+            and with ``decode="generate"`` its per-step scores, ``batch_size * max_tokens * vocab`` floats).
+        decode: ``"compact"`` or ``"generate"`` (above).
     """
 
     name = "hf"
+    DECODE_LOOPS = ("compact", "generate")
 
-    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 256):
+    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 256,
+                 decode: Literal["compact", "generate"] = "compact"):
+        if decode not in self.DECODE_LOOPS:
+            raise ValueError(f"decode must be one of {self.DECODE_LOOPS}, got {decode!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.decode = decode
         self.stop_ids = _stop_ids(model, tokenizer)
 
     def sync(self, model: torch.nn.Module) -> None:
@@ -293,26 +321,92 @@ class HFRollout:
         self.model.eval()
         device = next(self.model.parameters()).device
         pad_id = self.tokenizer.pad_token_id
+        run_chunk = self._compact_chunk if self.decode == "compact" else self._generate_chunk
         try:
             with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
                 for start in range(0, len(jobs), self.batch_size):
                     chunk = jobs[start : start + self.batch_size]
-                    for gi, comp in zip(chunk, self._generate_chunk([groups[g].prompt_ids for g in chunk],
-                                                                     sampling, device, pad_id), strict=True):
+                    for gi, comp in zip(chunk, run_chunk([groups[g].prompt_ids for g in chunk],
+                                                         sampling, device, pad_id), strict=True):
                         groups[gi].completions.append(comp)
         finally:
             self.model.train(was_training)
         return RolloutBatch(groups)
 
-    def _generate_chunk(self, prompt_ids: list[list[int]], sampling: SamplingConfig, device, pad_id):
+    @staticmethod
+    def _left_padded(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompt_ids)
         input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (batch, width)
         attention_mask = torch.zeros_like(input_ids)
         for i, p in enumerate(prompt_ids):  # left padding
             input_ids[i, width - len(p):] = torch.tensor(p)
             attention_mask[i, width - len(p):] = 1
+        return input_ids, attention_mask
+
+    def _completion(self, ids: list[int], logprobs: list[float]) -> Completion:
+        finish = "length"
+        for t, tok in enumerate(ids):
+            if tok in self.stop_ids:
+                ids, finish = ids[: t + 1], "stop"
+                break
+        return Completion(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                          logprobs=logprobs[: len(ids)], finish_reason=finish)
+
+    def _compact_chunk(self, prompt_ids: list[list[int]], sampling: SamplingConfig, device, pad_id):
+        """Decode one chunk; a sequence leaves the batch (and the KV cache) when it emits a stop token."""
+        from transformers import DynamicCache
+
+        input_ids, attention_mask = (t.to(device) for t in self._left_padded(prompt_ids, pad_id))
+        n = input_ids.shape[0]
+        # position of each prompt token, counted from its first real token (pads get 0, as generate does)
+        positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        greedy = sampling.temperature == 0
+        stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
+        rows = torch.arange(n, device=device)  # chunk row of each sequence still running
+        tokens: list[torch.Tensor] = []  # per step, (n,) sampled token of every chunk row (pad once finished)
+        logps: list[torch.Tensor] = []  # per step, (n,) its log-prob under the sampling distribution
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for _ in range(sampling.max_tokens):
+            scores = out.logits[:, -1].float()  # (running, vocab)
+            if not greedy:
+                scores = _process_logits(scores, sampling.temperature, sampling.top_p)
+                probs = torch.softmax(scores, dim=-1)
+                # torch.multinomial's one-sample draw, argmax(p / q) with q ~ Exp(1), with the noise of the
+                # whole chunk's shape (what generate draws) and each running sequence's own row of it
+                noise = torch.empty((n, probs.shape[-1]), dtype=probs.dtype, device=device).exponential_(1)
+                nxt = (probs / noise[rows]).argmax(-1)
+            else:
+                nxt = scores.argmax(-1)
+            step_tok = torch.full((n,), pad_id, dtype=torch.long, device=device)
+            step_tok[rows] = nxt
+            step_lp = torch.zeros(n, dtype=torch.float32, device=device)
+            step_lp[rows] = torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
+            tokens.append(step_tok)
+            logps.append(step_lp)
+            running = ~torch.isin(nxt, stop)  # (running,)
+            if not bool(running.any()) or len(tokens) == sampling.max_tokens:
+                break
+            if not bool(running.all()):  # finished sequences leave the batch and the KV cache
+                keep = running.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, nxt = rows[keep], nxt[keep]
+                attention_mask, positions = attention_mask[keep], positions[keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+            out = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        new = torch.stack(tokens, dim=1).cpu()  # (n, steps)
+        logprobs = torch.stack(logps, dim=1).cpu()
+        return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
+
+    def _generate_chunk(self, prompt_ids: list[list[int]], sampling: SamplingConfig, device, pad_id):
+        """Decode one chunk with transformers ``generate`` (every row until the longest ends)."""
+        input_ids, attention_mask = self._left_padded(prompt_ids, pad_id)
+        width = input_ids.shape[1]
         greedy = sampling.temperature == 0
         out = self.model.generate(
             input_ids=input_ids.to(device),
@@ -334,22 +428,24 @@ class HFRollout:
             torch.log_softmax(s.float(), dim=-1).gather(-1, new[:, t, None].to(s.device)).squeeze(-1).cpu()
             for t, s in enumerate(out.scores)
         ], dim=1)  # (batch, new_tokens)
-        results = []
-        for i in range(new.shape[0]):
-            ids = new[i].tolist()
-            finish = "length"
-            for t, tok in enumerate(ids):
-                if tok in self.stop_ids:
-                    ids = ids[: t + 1]
-                    finish = "stop"
-                    break
-            results.append(Completion(
-                token_ids=ids,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                logprobs=logprobs[i, : len(ids)].tolist(),
-                finish_reason=finish,
-            ))
-        return results
+        return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
+
+
+def _process_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The sampling distribution's logits, as transformers' temperature and top-p warpers make them.
+
+    ``logits / T``, then the tokens outside the nucleus (the smallest set whose probability reaches
+    ``top_p``, at least one token) set to ``-inf``.
+    """
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_p < 1.0:
+        ascending, order = torch.sort(logits, descending=False)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p)
+        drop[..., -1:] = False  # keep at least the most likely token
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
 
 
 def _stop_ids(model, tokenizer) -> list[int]:

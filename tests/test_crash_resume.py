@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from conftest import warm_small_model
 from safetensors.torch import load_file
 
 from dppo_core.pruning import PromptHistory
@@ -29,16 +30,6 @@ KILLS = 3
 SEED = 9  # the kill plan's RNG
 WAIT_S = 600  # for a run to reach a kill point or to finish, on a slow loaded machine
 TIME_KEYS = ("step_time",)  # plus every key starting with "time"
-
-
-def _warm_small_model(cache_dir: Path) -> Path:
-    """The conftest's small model, warm-started on level 1 only: about 0.2 accuracy, built once (~15 s) and cached."""
-    from dppo_core.models import TinyModelConfig, WarmStartConfig, warm_start
-
-    small = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    config = WarmStartConfig(steps=200, batch_size=16, warmup_steps=5, level_weights=(1.0, 0.0, 0.0, 0.0, 0.0))
-    return warm_start(config, small, cache_dir, progress=False)
 
 
 def _task_file(path: Path) -> Path:
@@ -186,7 +177,7 @@ def _without_times(rows: list[dict]) -> list[dict]:
 
 
 def test_sigkilled_and_resumed_run_equals_uninterrupted(cache_dir, tmp_path):
-    model = _warm_small_model(cache_dir)
+    model = warm_small_model(cache_dir)
     task = _task_file(tmp_path / "task.jsonl")
     ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
     cmd = _command(out, model, task)

@@ -148,7 +148,7 @@ def test_checkpoint_weights_of_peft_model_equal_merged(tiny_model_dir):
     merged = peft_model.merge_and_unload().state_dict()
     changed = 0
     for k, v in folded.items():
-        torch.testing.assert_close(v, merged[k], atol=1e-6, rtol=0)
+        torch.testing.assert_close(v, merged[k], atol=1e-5, rtol=0)
         changed += not torch.equal(v, plain[k])
     assert changed == 3 * 5  # three target modules in each of the five layers
 
@@ -203,3 +203,98 @@ def test_the_vllm_engine_is_importable_from_rollout_without_importing_vllm():
 
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         dppo_core.rollout.nothing_here  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------------
+# The compact decode loop (finished sequences leave the batch) against transformers generate
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warm_model(warm_small_model_dir):
+    return load_model(warm_small_model_dir)
+
+
+@pytest.fixture(scope="module")
+def mixed_prompts():
+    """Prompts of every level: the warm-started small model answers some in a few tokens, others run long."""
+    return [p.messages() for p in ArithmeticTask().test_set(2)]
+
+
+def _ids(batch: RolloutBatch) -> list[list[list[int]]]:
+    return [[c.token_ids for c in g.completions] for g in batch.groups]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)],
+                         ids=["T1", "T0.7-top_p0.9", "greedy"])
+def test_compact_loop_gives_generates_samples(warm_model, mixed_prompts, temperature, top_p):
+    model, tok = warm_model
+    sampling = SamplingConfig(max_tokens=16, temperature=temperature, top_p=top_p, seed=5)
+    # batch_size 7: chunks straddle groups, and the second chunk continues the first one's random stream
+    compact = HFRollout(model, tok, batch_size=7).generate(mixed_prompts, G, sampling)
+    reference = HFRollout(model, tok, batch_size=7, decode="generate").generate(mixed_prompts, G, sampling)
+    lengths = [n for g in compact.lengths() for n in g]
+    finishes = {c.finish_reason for g in compact.groups for c in g.completions}
+    # the check means something only if sequences finish at different steps within a chunk
+    assert len(set(lengths)) >= 3 and finishes == {"stop", "length"}, (lengths, finishes)
+    assert _ids(compact) == _ids(reference)
+    for gc, gr in zip(compact.groups, reference.groups, strict=True):
+        for c, r in zip(gc.completions, gr.completions, strict=True):
+            assert c.finish_reason == r.finish_reason and c.text == r.text
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
+    # and the samples depend on the seed (an engine that ignored it could not pass the equality above by luck)
+    other = HFRollout(model, tok, batch_size=7).generate(mixed_prompts, G, SamplingConfig(
+        max_tokens=16, temperature=temperature, top_p=top_p, seed=6))
+    assert temperature == 0 or _ids(other) != _ids(compact)
+
+
+def _decode_rows(model) -> tuple[list[int], object]:
+    """Rows of every one-token (decode) forward of ``model``, recorded by a forward pre-hook."""
+    rows: list[int] = []
+
+    def hook(_module, _args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[1] == 1:
+            rows.append(ids.shape[0])
+
+    return rows, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_compact_loop_computes_only_running_sequences(warm_model, mixed_prompts):
+    model, tok = warm_model
+    sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=5)
+    work, batches = {}, {}
+    for decode in ("compact", "generate"):
+        rows, handle = _decode_rows(model)
+        try:
+            batches[decode] = HFRollout(model, tok, decode=decode).generate(mixed_prompts, G, sampling)
+        finally:
+            handle.remove()
+        work[decode] = sum(rows)
+    compact, reference = batches["compact"], batches["generate"]
+    n = compact.num_completions
+    # a sequence's first token comes from the prompt's forward; each later one from a decode step in which
+    # the sequence, and only the sequences still running, are computed
+    assert work["compact"] == compact.num_generated_tokens - n
+    # generate computes every row until the longest completion ends
+    assert work["generate"] == n * (max(max(g) for g in reference.lengths()) - 1) > work["compact"]
+
+
+def test_compact_loop_on_a_peft_model(warm_small_model_dir, mixed_prompts):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = load_model(warm_small_model_dir)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                             init_lora_weights=False))
+    sampling = SamplingConfig(max_tokens=24, temperature=1.0, seed=3)
+    compact = HFRollout(model, tok).generate(mixed_prompts[:4], G, sampling)
+    assert _ids(compact) == _ids(HFRollout(model, tok, decode="generate").generate(mixed_prompts[:4], G, sampling))
+    assert logprob_mismatch(model, compact).max_abs < 1e-4
+
+
+def test_hf_rollout_refuses_bad_settings(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    with pytest.raises(ValueError, match="decode must be one of"):
+        HFRollout(model, tok, decode="static")
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        HFRollout(model, tok, batch_size=0)
