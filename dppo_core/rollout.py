@@ -363,13 +363,15 @@ class HFRollout:
         # position of each prompt token, counted from its first real token (pads get 0, as generate does)
         positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=getattr(self.model, "config", None))
+        # logits of the last position only, where the model can (what generate asks for too)
+        last_only = {"logits_to_keep": 1} if _takes_logits_to_keep(self.model) else {}
         greedy = sampling.temperature == 0
         stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         rows = torch.arange(n, device=device)  # chunk row of each sequence still running
         tokens: list[torch.Tensor] = []  # per step, (n,) sampled token of every chunk row (pad once finished)
         logps: list[torch.Tensor] = []  # per step, (n,) its log-prob under the sampling distribution
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, **last_only)
         for _ in range(sampling.max_tokens):
             scores = out.logits[:, -1].float()  # (running, vocab)
             if not greedy:
@@ -391,14 +393,14 @@ class HFRollout:
             if not bool(running.any()) or len(tokens) == sampling.max_tokens:
                 break
             if not bool(running.all()):  # finished sequences leave the batch and the KV cache
-                keep = running.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                rows, nxt = rows[keep], nxt[keep]
-                attention_mask, positions = attention_mask[keep], positions[keep]
+                still = running.nonzero().squeeze(-1)
+                cache.batch_select_indices(still)
+                rows, nxt = rows[still], nxt[still]
+                attention_mask, positions = attention_mask[still], positions[still]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=-1)
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             past_key_values=cache, use_cache=True, **last_only)
         new = torch.stack(tokens, dim=1).cpu()  # (n, steps)
         logprobs = torch.stack(logps, dim=1).cpu()
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
@@ -429,6 +431,14 @@ class HFRollout:
             for t, s in enumerate(out.scores)
         ], dim=1)  # (batch, new_tokens)
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (base) model's forward takes ``logits_to_keep`` (most transformers causal LMs do)."""
+    import inspect
+
+    base = model.get_base_model() if is_peft_model(model) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _process_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

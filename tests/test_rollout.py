@@ -298,3 +298,25 @@ def test_hf_rollout_refuses_bad_settings(model_and_tokenizer):
         HFRollout(model, tok, decode="static")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         HFRollout(model, tok, batch_size=0)
+
+
+def test_compact_loop_with_absolute_positions(tiny_model_dir):
+    """A random GPT-2 (learned absolute positions, another cache layout): the compact loop still gives
+    generate's samples. Its completions are made to end at random steps by a wide stop set."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tok = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=256, n_embd=32, n_layer=2, n_head=2,
+                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    prompts = [p.messages() for p in ArithmeticTask().test_set(1)]
+    sampling = SamplingConfig(max_tokens=20, temperature=1.0, seed=2)
+    engines = [HFRollout(model, tok, batch_size=6, decode=d) for d in ("compact", "generate")]
+    for e in engines:
+        e.stop_ids = sorted(set(e.stop_ids) | set(range(100, 160)))  # about 1 in 8 tokens ends a completion
+    compact, reference = (e.generate(prompts, G, sampling) for e in engines)
+    assert len({n for g in compact.lengths() for n in g}) >= 5
+    assert _ids(compact) == _ids(reference)
+    for gc, gr in zip(compact.groups, reference.groups, strict=True):
+        for c, r in zip(gc.completions, gr.completions, strict=True):
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
