@@ -6,7 +6,7 @@ Made with (from the repository root; about 3 minutes on 2 CPU cores):
     DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/packing_update.py --output benchmarks/results/packing
 
 Workload: the warm-started tiny model rolls out ``--prompts`` training prompts (levels 2-5, as the
-tiny-grpo preset) x ``--num-generations`` completions with transformers ``generate`` (temperature 1, at
+tiny-grpo preset) x ``--num-generations`` completions with ``HFRollout`` (temperature 1, at
 most ``--max-tokens`` new tokens); rewards and group advantages as the trainer computes them; then a
 seeded random ``--keep`` share of the completions is kept, each with weight 1 / keep (what completion
 pruning leaves). One update pass over the kept sequences is timed: forward with gradients, the GRPO

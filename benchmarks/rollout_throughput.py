@@ -1,6 +1,6 @@
 """Rollout throughput on CPU: the three engines across batch sizes and completion-length spreads.
 
-Made with (from the repository root; about 15 minutes on 2 otherwise idle CPU cores):
+Made with (from the repository root; about 12 minutes on 2 otherwise idle CPU cores):
 
     DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json
@@ -20,8 +20,8 @@ GRPO step asks for, ``batch_size`` is in sequences):
 - ``train``: the warm-started model on training prompts of levels 2-5 (the cpu-full bench's setting):
   completions stop where the model ends its answer, from a few tokens to ``max_tokens``, so a static batch
   pads a lot.
-- ``full``: the untrained model, whose completions never stop early: every sequence runs ``max_tokens``,
-  no spread.
+- ``full``: the untrained model, whose completions rarely stop early (a random model seldom samples the end
+  token): nearly every sequence runs ``max_tokens``, little spread.
 
 Throughput is generated tokens (stop tokens included) per wall-clock second of the call. Each (spread,
 engine) measurement runs in a fresh subprocess (vLLM pins CPU threads for the whole process): one warm-up
@@ -47,6 +47,8 @@ from pathlib import Path
 ENGINES = ("hf", "hf-generate", "vllm")
 SPREADS = ("train", "full")
 NUM_GENERATIONS = 8
+#: the Makefile's variables that pin the CPU's floating-point kernels (recorded, not set, here)
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 
 def worker(spread: str, engine_name: str, args: argparse.Namespace) -> dict:
@@ -134,8 +136,9 @@ def write_markdown(report: dict, path: Path) -> None:
              f"Workload: batch size / {NUM_GENERATIONS} prompts x {NUM_GENERATIONS} samples in one call, at most "
              f"{w['max_tokens']} new tokens, temperature 1; {w['statistic']}. `train`: the warm-started tiny "
              "model on training prompts of levels 2-5 (completions stop where the answer ends); `full`: the "
-             "untrained tiny model (every completion runs to the limit).", "",
-             "| spread | engine | batch size | tokens/s (median) | min - max | µs per token | mean / longest length |",
+             "untrained tiny model (completions rarely stop early).", "",
+             "| spread | engine | batch size | tokens/s (median) | min - max | µs per token (of the median) "
+             "| mean / longest length |",
              "|---|---|---|---|---|---|---|"]
     for r in sorted(report["results"], key=lambda r: (r["spread"], ENGINES.index(r["engine"]), r["batch_size"])):
         lines.append(f"| {r['spread']} | {r['engine']} | {r['batch_size']} | {r['tokens_per_s_median']:.0f} | "
@@ -148,13 +151,15 @@ def write_markdown(report: dict, path: Path) -> None:
         lines.append(f"| {engine_name} | {v['all']:.2f} | "
                      + ", ".join(f"{s}: {x:.2f}" for s, x in v["across_batch_sizes"].items()) + " | "
                      + ", ".join(f"{b}: {x:.2f}" for b, x in v["across_spreads"].items()) + " |")
-    lines += ["", "Speed-up of the compact loop over `generate` (median tokens/s): "
-              + ", ".join(f"{k}: {v}" for k, v in report["speedup_hf_over_generate"].items()) + ".",
-              "", "vLLM over the compact loop: "
-              + ", ".join(f"{k}: {v}" for k, v in report["speedup_vllm_over_hf"].items()) + "."]
+    for key, title in (("speedup_hf_over_generate", "Speed-up of the compact loop over `generate`"),
+                       ("speedup_vllm_over_hf", "vLLM over the compact loop")):
+        if report[key]:
+            lines += ["", f"{title} (median tokens/s, spread/batch size): "
+                      + ", ".join(f"{k}: {v:.2f}" for k, v in report[key].items()) + "."]
     m = report["machine"]
     lines += ["", f"Machine: {m['cpus']} CPUs, torch {m['torch']}, vLLM {m['vllm']}; 1-minute load average "
-              f"{m['loadavg_before'][0]} before, {m['loadavg_after'][0]} after."]
+              f"{m['loadavg_before'][0]} before, {m['loadavg_after'][0]} after; kernel variables "
+              f"{m['kernel_variables']}."]
     if report.get("note"):
         lines += ["", report["note"]]
     path.write_text("\n".join(lines) + "\n")
@@ -230,7 +235,8 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "vllm": vllm_version,
                     "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()], "loadavg_1min_per_worker": loads},
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()], "loadavg_1min_per_worker": loads,
+                    "kernel_variables": {k: os.environ.get(k) for k in KERNEL_VARIABLES}},
         "results": results,
         "time_per_token_variation": variation,
         "speedup_hf_over_generate": speedups(results, "hf", "hf-generate"),

@@ -1,6 +1,6 @@
 """Training-step time of the cpu-full setting, two versions of the code side by side on one machine.
 
-Made with (from the repository root; about 15 minutes on 2 otherwise idle CPU cores):
+Made with (from the repository root; about 7 minutes on 2 otherwise idle CPU cores):
 
     git worktree add /tmp/dppo-before a83d99b     # the code before the compact rollout loop
     DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/step_time.py \\
@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+#: the Makefile's variables that pin the CPU's floating-point kernels (recorded, not set, here)
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 PHASES = ("rollout", "reward", "prune", "pack", "update", "sync")
 VARIANTS = ("before", "after", "after-shared")
 
@@ -128,19 +130,20 @@ def main() -> int:
     import torch
 
     report = {
-        "command": "DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/step_time.py "
-                   + " ".join(a if not a.startswith("/") else Path(a).name for a in sys.argv[1:]),
+        "command": "DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
         "before_commit": git, "setting": "cpu-baselines preset configuration per method, seed "
                                          f"{args.seed}, {args.steps} steps of which the first {args.warmup} untimed",
         "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "kernel_variables": {k: os.environ.get(k) for k in KERNEL_VARIABLES},
                     "loadavg_before": [round(x, 2) for x in load_before], "loadavg_1min_per_worker": loads},
         "results": results, "speedup_over_before": speedups,
     }
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "step_time.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Step time of the cpu-full setting: the code before and after, side by side", "",
-             f"Command: `{report['command']}` (`--before` a checkout of {git or 'the earlier code'})", "",
+             f"Command: `{report['command']}` (`--before` a checkout of {git or 'the earlier code'}); kernel "
+             f"variables {report['machine']['kernel_variables']}", "",
              f"Setting: {report['setting']}; medians over the timed steps of {args.rounds} rounds.", "",
              "| method | variant | step (s) | rollout | reward | update | tokens generated | update density |",
              "|---|---|---|---|---|---|---|---|"]
@@ -150,7 +153,7 @@ def main() -> int:
                      f"{r['tokens_generated_median']:.0f} | {r['update_density_median']:.2f} |")
     lines += ["", "Speed-up of the median over `before` (step / rollout / update):", ""]
     for m, vs in speedups.items():
-        lines.append(f"- {m}: " + "; ".join(f"{v} {x['step']}x / {x['rollout']}x / {x['update']}x"
+        lines.append(f"- {m}: " + "; ".join(f"{v} {x['step']:.2f}x / {x['rollout']:.2f}x / {x['update']:.2f}x"
                                             for v, x in vs.items()))
     lines += ["", f"Machine: {os.cpu_count()} CPUs, torch {torch.__version__}; 1-minute load average per worker "
               f"{loads}."]

@@ -60,8 +60,10 @@ class DPPOConfig:
     top_p: float = 1.0
     """Nucleus sampling threshold for rollouts, in (0, 1]."""
     rollout_engine: str = "hf"
-    """``"hf"`` (transformers ``generate``), ``"vllm"`` (error if vLLM cannot start) or ``"auto"``
-    (vLLM if it starts, else transformers with a warning)."""
+    """``"hf"`` (the training model with transformers: :class:`~dppo_core.rollout.HFRollout`, whose compact loop
+    drops finished sequences), ``"vllm"`` (error if vLLM cannot start) or ``"auto"`` (vLLM if it starts, else
+    transformers with a warning). On CPU with the tiny model ``hf`` is as fast as vLLM
+    (``benchmarks/results/rollout_throughput.md``)."""
 
     # --- objective --------------------------------------------------------------------------------
     learning_rate: float = 1e-4

@@ -275,9 +275,22 @@ class HFRollout:
     batch's ``(rows, vocab)`` shape and returns ``argmax(p / q)``. The compact loop draws the noise of
     the *whole* chunk's shape every step, as ``generate`` does, and gives each running sequence its own
     row of it, so a sequence's tokens depend on its own probabilities and noise only, whoever else is
-    still running. The probabilities themselves are computed on a smaller batch; where the CPU kernels
-    round a row differently at another batch size, a near tie can flip a token (the log-probs are those
-    of the tokens actually sampled either way).
+    still running. Conditions (tested on CPU in fp32, on Qwen3 and GPT-2 architectures, with and without
+    PEFT):
+
+    - The probabilities are computed on a smaller batch. Where the kernels round a row differently at
+      another batch size (more likely in bf16 and on a GPU), a near tie can flip a token; the log-probs are
+      those of the tokens actually sampled either way.
+    - The sampling distribution is ``softmax(logits / T)`` cut to the top-p nucleus, nothing else, as in
+      vLLM with explicit sampling parameters. ``generate`` would also apply processors that a model's own
+      ``generation_config`` asks for (a repetition penalty, ``min_new_tokens``, suppressed tokens, ...):
+      with such a model the two loops differ, and the constructor warns.
+    - Models whose cache keeps per-sequence state beyond keys and values (linear-attention or hybrid
+      layers) cannot drop rows: their chunks are decoded by ``generate``, with one warning.
+
+    Costs it does not remove: every step still draws noise of the chunk's full ``(rows, vocab)`` shape
+    (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step), and
+    a step in which sequences finish copies the KV cache's remaining rows.
 
     Args:
         model: a causal LM (transformers or PEFT-wrapped).
@@ -301,6 +314,11 @@ class HFRollout:
         self.batch_size = batch_size
         self.decode = decode
         self.stop_ids = _stop_ids(model, tokenizer)
+        if decode == "compact" and (extra := _generation_config_processors(model)):
+            warnings.warn(f"the model's generation_config asks for {', '.join(extra)}, which HFRollout's compact "
+                          "loop does not apply (it samples softmax(logits / T) within top-p, as vLLM does); "
+                          "decode='generate' would apply them", UserWarning, stacklevel=2)
+        self._warned_cache = False
 
     def sync(self, model: torch.nn.Module) -> None:
         """Nothing to copy: generation runs on the training model's own weights."""
@@ -358,25 +376,40 @@ class HFRollout:
         """Decode one chunk; a sequence leaves the batch (and the KV cache) when it emits a stop token."""
         from transformers import DynamicCache
 
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        if not _rows_can_leave(cache):
+            if not self._warned_cache:
+                warnings.warn(f"this model's cache layers ({sorted({type(x).__name__ for x in cache.layers})}) keep "
+                              "state that rows cannot be dropped from; decoding with transformers generate",
+                              UserWarning, stacklevel=3)
+                self._warned_cache = True
+            return self._generate_chunk(prompt_ids, sampling, device, pad_id)
         input_ids, attention_mask = (t.to(device) for t in self._left_padded(prompt_ids, pad_id))
         n = input_ids.shape[0]
         # position of each prompt token, counted from its first real token (pads get 0, as generate does)
         positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        # logits of the last position only, where the model can (what generate asks for too)
-        last_only = {"logits_to_keep": 1} if _takes_logits_to_keep(self.model) else {}
+        # what the forward takes: logits of the last position only (generate asks for that too), position ids
+        takes = _forward_parameters(self.model)
+        last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
+
+        def pos(p: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"position_ids": p} if "position_ids" in takes else {}
+
         greedy = sampling.temperature == 0
         stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         rows = torch.arange(n, device=device)  # chunk row of each sequence still running
         tokens: list[torch.Tensor] = []  # per step, (n,) sampled token of every chunk row (pad once finished)
         logps: list[torch.Tensor] = []  # per step, (n,) its log-prob under the sampling distribution
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **pos(positions),
                          past_key_values=cache, use_cache=True, **last_only)
         for _ in range(sampling.max_tokens):
-            scores = out.logits[:, -1].float()  # (running, vocab)
+            scores = out.logits[:, -1].to(device=device, dtype=torch.float32)  # (running, vocab)
             if not greedy:
                 scores = _process_logits(scores, sampling.temperature, sampling.top_p)
                 probs = torch.softmax(scores, dim=-1)
+                if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses too
+                    raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
+                                       "finite (a diverged policy, or an overflow in low precision)")
                 # torch.multinomial's one-sample draw, argmax(p / q) with q ~ Exp(1), with the noise of the
                 # whole chunk's shape (what generate draws) and each running sequence's own row of it
                 noise = torch.empty((n, probs.shape[-1]), dtype=probs.dtype, device=device).exponential_(1)
@@ -399,7 +432,7 @@ class HFRollout:
                 attention_mask, positions = attention_mask[still], positions[still]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=-1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, position_ids=positions,
+            out = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, **pos(positions),
                              past_key_values=cache, use_cache=True, **last_only)
         new = torch.stack(tokens, dim=1).cpu()  # (n, steps)
         logprobs = torch.stack(logps, dim=1).cpu()
@@ -433,12 +466,45 @@ class HFRollout:
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
 
 
-def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the (base) model's forward takes ``logits_to_keep`` (most transformers causal LMs do)."""
+def _forward_parameters(model: torch.nn.Module) -> frozenset[str]:
+    """The keyword parameters of the (base) model's forward, e.g. ``logits_to_keep`` and ``position_ids``."""
     import inspect
 
     base = model.get_base_model() if is_peft_model(model) else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return frozenset(inspect.signature(base.forward).parameters)
+
+
+def _rows_can_leave(cache: Any) -> bool:
+    """Whether every layer of ``cache`` holds only keys and values per row (so rows can be dropped)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers)
+
+
+#: generation_config fields (with their no-op values) whose processors transformers generate applies and
+#: the compact loop does not
+_IGNORED_GENERATION_FIELDS: dict[str, Any] = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+    "min_length": 0, "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None, "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0, "min_p": None, "typical_p": 1.0, "exponential_decay_length_penalty": None,
+}
+
+
+def _generation_config_processors(model: Any) -> list[str]:
+    """The fields of the model's generation_config that would make ``generate`` sample from another
+    distribution than ``softmax(logits / T)`` within top-p (temperature, top-k and top-p are set per call)."""
+    base = model.get_base_model() if is_peft_model(model) else model
+    config = getattr(base, "generation_config", None)
+    if config is None:
+        return []
+    found = []
+    for k, default in _IGNORED_GENERATION_FIELDS.items():
+        value = getattr(config, k, default)
+        if value is None or value == default or (isinstance(value, (list, tuple, dict)) and not value):
+            continue
+        found.append(f"{k}={value!r}")
+    return found
 
 
 def _process_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -554,7 +620,7 @@ def make_rollout_engine(
             raise RuntimeError(f"vLLM was required (require=True) but could not start: {type(err).__name__}: "
                                f"{err}") from err
         warnings.warn(f"vLLM could not start ({type(err).__name__}: {err}); falling back to transformers "
-                      "generate, which is slower. Pass kind='vllm', require=True to raise instead.",
+                      "(HFRollout), which on a GPU is slower. Pass kind='vllm', require=True to raise instead.",
                       RuntimeWarning, stacklevel=2)
         return fallback()
 
