@@ -39,6 +39,7 @@ Departures from what TRL / verl do, and why:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -340,8 +341,11 @@ class HFRollout:
         device = next(self.model.parameters()).device
         pad_id = self.tokenizer.pad_token_id
         run_chunk = self._compact_chunk if self.decode == "compact" else self._generate_chunk
+        # a seed: its own stream, and the global one left as it was; no seed: the global stream, advanced
+        rng = (torch.random.fork_rng(devices=[] if device.type == "cpu" else [device])
+               if sampling.seed is not None else contextlib.nullcontext())
         try:
-            with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+            with rng:
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
                 for start in range(0, len(jobs), self.batch_size):

@@ -85,6 +85,17 @@ def test_same_seed_same_samples(model_and_tokenizer, prompts):
     assert ids(a) != ids(c)
 
 
+def test_no_seed_continues_the_global_stream(model_and_tokenizer, prompts):
+    model, tok = model_and_tokenizer
+    engine = HFRollout(model, tok)
+    s = SamplingConfig(max_tokens=8, temperature=1.0)  # seed None
+    torch.manual_seed(3)
+    a, b = engine.generate(prompts, G, s), engine.generate(prompts, G, s)
+    assert _ids(a) != _ids(b)  # the second call draws on from where the first stopped
+    torch.manual_seed(3)
+    assert _ids(engine.generate(prompts, G, s)) == _ids(a)  # and the global seed makes it reproducible
+
+
 def test_greedy_is_argmax(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
     batch = HFRollout(model, tok).generate(prompts[:1], 2, SamplingConfig(max_tokens=6, temperature=0))
