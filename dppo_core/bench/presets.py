@@ -144,14 +144,14 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                          "intervals",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
-        runtime="about 95 minutes on 2 CPU cores (15 runs of 5-8 minutes); --seeds 1 for a first look"),
+        runtime="about 35 minutes on 2 CPU cores (15 runs of 1.5-3 minutes); --seeds 1 for a first look"),
     BenchPreset(
         "cpu-peers", "the other ways to spend less per step, against grpo and grpo_skip on the cpu-baselines "
                      "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary most), "
                      "CPPO and GRESO (biased pruning), two seeds",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "pods", "cppo", "greso"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
-        runtime="about 75 minutes on 2 CPU cores (12 runs of 4-8 minutes)"),
+        runtime="about 30 minutes on 2 CPU cores (12 runs of 1.5-3 minutes, judged from cpu-baselines' runs)"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
