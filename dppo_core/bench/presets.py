@@ -151,7 +151,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                      "CPPO and GRESO (biased pruning), two seeds",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "pods", "cppo", "greso"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
-        runtime="about 30 minutes on 2 CPU cores (12 runs of 1.5-3 minutes, judged from cpu-baselines' runs)"),
+        runtime="about 30 minutes on 2 CPU cores (12 runs of 2-3 minutes)"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
