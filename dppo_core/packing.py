@@ -344,12 +344,9 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
     """
     route = _route(model, attention)
     device = next(model.parameters()).device
-    n = batch.num_sequences
     c = batch.completion_lengths
     # one entry per completion token: its sequence, its index in the completion, and where it is scored
-    tok_seq = torch.repeat_interleave(torch.arange(n), c)  # (K,)
-    starts = torch.cumsum(c, 0) - c
-    tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(starts, c)  # (K,)
+    tok_seq, tok_k = completion_token_index(c)
     row = batch.seq_rows[tok_seq]
     col = batch.seq_offsets[tok_seq] + batch.prompt_lengths[tok_seq] - 1 + tok_k  # the predicting position
     targets = batch.input_ids[row, col + 1]  # (K,)
@@ -380,6 +377,14 @@ def model_attention_mask(model, mask: torch.Tensor, device) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def completion_token_index(completion_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per completion token (sequence order, then token order): its sequence and its index in the completion."""
+    c = completion_lengths
+    tok_seq = torch.repeat_interleave(torch.arange(len(c)), c)  # (K,)
+    tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)  # (K,)
+    return tok_seq, tok_k
+
+
 def completion_grid(logits: torch.Tensor, flat_index: torch.Tensor, targets: torch.Tensor,
                     completion_lengths: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs laid out (N, T_c), and their mask, from a forward's logits.
@@ -392,8 +397,7 @@ def completion_grid(logits: torch.Tensor, flat_index: torch.Tensor, targets: tor
     c = completion_lengths
     n = len(c)
     t_c = int(c.max()) if n else 0
-    tok_seq = torch.repeat_interleave(torch.arange(n), c)  # (K,)
-    tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)  # (K,)
+    tok_seq, tok_k = completion_token_index(c)
     picked = logits.reshape(-1, logits.shape[-1]).index_select(0, flat_index.to(device))  # (K, V)
     lp = token_logprobs(picked[None], targets.to(device)[None], temperature)[0]  # (K,)
     index = (tok_seq.to(device), tok_k.to(device))

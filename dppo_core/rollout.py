@@ -411,9 +411,6 @@ class HFRollout:
             if not greedy:
                 scores = _process_logits(scores, sampling.temperature, sampling.top_p)
                 probs = torch.softmax(scores, dim=-1)
-                if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses too
-                    raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
-                                       "finite (a diverged policy, or an overflow in low precision)")
                 # torch.multinomial's one-sample draw, argmax(p / q) with q ~ Exp(1), with the noise of the
                 # whole chunk's shape (what generate draws) and each running sequence's own row of it
                 noise = torch.empty((n, probs.shape[-1]), dtype=probs.dtype, device=device).exponential_(1)
@@ -422,8 +419,12 @@ class HFRollout:
                 nxt = scores.argmax(-1)
             step_tok = torch.full((n,), pad_id, dtype=torch.long, device=device)
             step_tok[rows] = nxt
+            lp = torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)  # (running,)
+            if not bool(torch.isfinite(lp).all()):  # non-finite logits: what torch.multinomial refuses too
+                raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
+                                   "finite (a diverged policy, or an overflow in low precision)")
             step_lp = torch.zeros(n, dtype=torch.float32, device=device)
-            step_lp[rows] = torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
+            step_lp[rows] = lp
             tokens.append(step_tok)
             logps.append(step_lp)
             running = ~torch.isin(nxt, stop)  # (running,)
@@ -470,12 +471,16 @@ class HFRollout:
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
 
 
+def _base_model(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper, or ``model`` itself."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
 def _forward_parameters(model: torch.nn.Module) -> frozenset[str]:
     """The keyword parameters of the (base) model's forward, e.g. ``logits_to_keep`` and ``position_ids``."""
     import inspect
 
-    base = model.get_base_model() if is_peft_model(model) else model
-    return frozenset(inspect.signature(base.forward).parameters)
+    return frozenset(inspect.signature(_base_model(model).forward).parameters)
 
 
 def _rows_can_leave(cache: Any) -> bool:
@@ -498,8 +503,7 @@ _IGNORED_GENERATION_FIELDS: dict[str, Any] = {
 def _generation_config_processors(model: Any) -> list[str]:
     """The fields of the model's generation_config that would make ``generate`` sample from another
     distribution than ``softmax(logits / T)`` within top-p (temperature, top-k and top-p are set per call)."""
-    base = model.get_base_model() if is_peft_model(model) else model
-    config = getattr(base, "generation_config", None)
+    config = getattr(_base_model(model), "generation_config", None)
     if config is None:
         return []
     found = []
@@ -556,8 +560,7 @@ def is_peft_model(model: Any) -> bool:
 def _model_path_of(model: Any) -> str | None:
     if model is None:
         return None
-    base = model.get_base_model() if is_peft_model(model) else model
-    return getattr(getattr(base, "config", None), "_name_or_path", None) or None
+    return getattr(getattr(_base_model(model), "config", None), "_name_or_path", None) or None
 
 
 def make_rollout_engine(
