@@ -336,7 +336,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if metrics.exists():
         steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
         total = lambda k: sum(s.get(k) or 0 for s in steps)  # noqa: E731
-        print(f"\n{len(steps)} steps in {total('step_time') / 60:.1f} min of training; tokens generated "
+        seconds = total("step_time")
+        took = f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        print(f"\n{len(steps)} steps in {took} of training; tokens generated "
               f"{total('tokens_generated'):,}, trained {total('tokens_trained'):,}"
               + (f"; skipped steps {total('skipped')}" if total("skipped") else ""))
     return 0
@@ -354,11 +356,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from dppo_core.doctor import STATUSES, exit_code, format_check, run_checks
 
     if args.gpu:
-        from dppo_core.gpu_check import run_gpu_checks
+        from dppo_core.gpu_check import STEP_METHODS, run_gpu_checks
 
         print(f"dppo doctor --gpu{' --shape ' + args.shape if args.shape else ''}: the GPU paths (on CPU: tiny "
               "shapes, CUDA-only checks skipped)", flush=True)
-        checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir,
+        checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir, methods=args.methods or STEP_METHODS,
                                 on_result=lambda c: print(format_check(c), flush=True))
     else:
         print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}", flush=True)
@@ -514,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of every method (on a CPU: the same checks at tiny shapes, CUDA-only ones skipped)")
     p.add_argument("--shape", choices=("qwen3-1.7b", "qwen3-0.6b", "tiny"), default=None,
                    help="with --gpu: the model shape (random weights); default qwen3-1.7b on CUDA, tiny on CPU")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="with --gpu: the methods whose training step is checked (default: every method of ours)")
     p.set_defaults(func=cmd_doctor)
     return parser
 

@@ -17,7 +17,7 @@ from typing import Any
 # The allowed values of the config's enumerated fields, defined here once (torch-free, so this module stays
 # light); dppo_core.grpo and dppo_core.pruning check their arguments against the same tuples.
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
 PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
@@ -163,9 +163,12 @@ class DPPOConfig:
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names that get LoRA adapters."""
     attn_implementation: str = "auto"
-    """The policy's attention kernel: ``"auto"`` (``flash_attention_2`` on a CUDA device when the ``flash-attn``
-    package is installed, so a packed update runs the variable-length kernel; otherwise ``sdpa``),
-    ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"`` (CUDA with ``flash-attn`` only)."""
+    """The policy's attention kernel: ``"auto"`` (on a CUDA device ``flash_attention_2`` when the ``flash-attn``
+    package is installed, else ``torch_varlen``, so a packed update runs a variable-length kernel; ``sdpa`` on
+    CPU and with ``shared_prefix``),
+    ``"sdpa"``, ``"eager"``, ``"flash_attention_2"`` (CUDA with ``flash-attn`` only) or ``"torch_varlen"``
+    (CUDA: PyTorch's own variable-length kernel in the packed update, sdpa elsewhere, nothing to install;
+    :mod:`dppo_core.varlen`)."""
 
     # --- run --------------------------------------------------------------------------------------
     max_steps: int = 100
@@ -257,11 +260,12 @@ class DPPOConfig:
         need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")
         need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
              f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
-        need(not (self.attn_implementation == "flash_attention_2" and self.device == "cpu"), "attn_implementation",
-             "flash_attention_2 runs on CUDA only; use auto or sdpa on CPU")
-        need(not (self.attn_implementation == "flash_attention_2" and self.shared_prefix), "attn_implementation",
-             "the shared-prefix layout needs an attention mask, which flash_attention_2 does not take; use auto "
-             "(sdpa) or set shared_prefix: false")
+        varlen = self.attn_implementation in ("flash_attention_2", "torch_varlen")
+        need(not (varlen and self.device == "cpu"), "attn_implementation",
+             f"{self.attn_implementation} runs on CUDA only; use auto or sdpa on CPU")
+        need(not (varlen and self.shared_prefix), "attn_implementation",
+             f"the shared-prefix layout needs an attention mask, which {self.attn_implementation} does not take; use "
+             "auto (sdpa) or set shared_prefix: false")
         need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
         need(self.max_steps >= 1, "max_steps", "must be at least 1")
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")

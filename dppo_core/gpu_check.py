@@ -9,8 +9,9 @@ Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real 
 
     cuda         the device and its memory (on CPU: says which checks below are skipped)
     packing      packed == padded completion log-probs, loss and gradient, on the route the update takes:
-                 ``mask`` (sdpa with a block-diagonal mask; every device) and ``varlen`` (flash-attention's
-                 variable-length kernel; CUDA with flash-attn). A negative control lets attention cross the
+                 ``mask`` (sdpa with a block-diagonal mask; every device) and ``varlen``, with flash-attention's
+                 variable-length kernel (CUDA with flash-attn) and with PyTorch's own (``torch_varlen``, CUDA,
+                 :mod:`dppo_core.varlen`). A negative control lets attention cross the
                  sequence boundaries of the same rows and must differ by far more than the packed result.
     qlora        LoRA on a 4-bit NF4 base (bitsandbytes; its CUDA kernels on a GPU): one update step, the
                  adapter moves, the base stays 4-bit, the loss and gradients are finite.
@@ -262,13 +263,22 @@ def packing_case(model, route: str, tol: Tolerance, *, n: int, prompt: tuple[int
 
 
 def check_packing(model_dir: str | Path, device: torch.device, *, attention: str) -> Check:
-    """Packed == padded through ``attention`` ("sdpa": the mask route; "flash_attention_2": varlen)."""
+    """Packed == padded through ``attention`` ("sdpa": the mask route; "flash_attention_2" and "torch_varlen":
+    the varlen route, flash-attn's kernel or PyTorch's own, :mod:`dppo_core.varlen`)."""
     from transformers import AutoModelForCausalLM
 
+    from dppo_core import varlen
     from dppo_core.models import quiet_transformers
 
-    route = "varlen" if attention == "flash_attention_2" else "mask"
+    route = "varlen" if attention in ("flash_attention_2", varlen.NAME) else "mask"
     name = f"packing ({route}, {attention})"
+    if attention == varlen.NAME:
+        if device.type != "cuda":
+            return Check(name, "SKIP", "PyTorch's variable-length kernel needs CUDA")
+        if not varlen.kernel_available():
+            return Check(name, "WARN", f"torch {torch.__version__} has no torch.nn.attention.varlen",
+                         "PyTorch 2.10 or later has it (attn_implementation=torch_varlen)")
+        varlen.register()
     if attention == "flash_attention_2":
         from dppo_core.policy import flash_attention_available
 
@@ -471,9 +481,18 @@ def _check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs) -
 STEP_METHODS = ("grpo", "grpo_skip", "grpo_half", "dppo", "pods", "cppo", "greso")
 
 
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 def step_overrides(device: torch.device, model_dir: str | Path) -> dict[str, Any]:
-    """What the step checks change on the ``gpu-systems`` bench preset: the model, and on CPU tiny sizes."""
+    """What the step checks change on the ``gpu-systems`` bench preset: the model, on CPU tiny sizes, and
+    transformers rollouts where vLLM is not installed (the ``vllm`` check says so)."""
     out: dict[str, Any] = {"model": str(model_dir), "device": device.type, "max_steps": 1}
+    if not vllm_installed():
+        out["rollout_engine"] = "hf"
     if device.type != "cuda":
         out.update(prompts_per_step=4, num_generations=4, max_completion_length=16, micro_batch_size=8,
                    max_tokens_per_row=64, rollout_engine="hf", train_pool_size=16)
@@ -530,6 +549,8 @@ def check_steps(model_dir: str | Path, device: torch.device, methods: Sequence[s
                 (record,), engine = train_steps(method, config, 1, engine)
                 finite = all(torch.isfinite(torch.tensor(float(record[k])))
                              for k in ("loss", "grad_norm") if k in record)
+                if device.type == "cuda" and config.rollout_engine == "hf":  # vLLM is not installed
+                    name = f"step {method} (hf rollouts)"
                 check = (Check(name, "OK", format_step(record)) if finite else
                          Check(name, "FAIL", f"non-finite loss or gradient norm: {format_step(record)}", "report it"))
             except Exception as exc:  # noqa: BLE001
@@ -568,7 +589,7 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
         emit(Check("model", "FAIL", f"could not build the {shape!r} model ({_error(exc)})",
                    "set DPPO_CACHE_DIR to a writable directory with room"))
         return results
-    for attention in ("sdpa", "flash_attention_2"):
+    for attention in ("sdpa", "flash_attention_2", "torch_varlen"):
         emit(check_packing(model_dir, device, attention=attention))
     emit(check_qlora(model_dir, device))
     for check in check_vllm(model_dir, device):

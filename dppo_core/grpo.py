@@ -122,7 +122,8 @@ def policy_loss(
         kl = kl_k3(logprobs, ref_logprobs)
         per_token = per_token + beta * kl
 
-    w = torch.ones(n, dtype=logprobs.dtype, device=logprobs.device) if weights is None else weights.to(logprobs.dtype)
+    w = (torch.ones(n, dtype=logprobs.dtype, device=logprobs.device) if weights is None
+         else weights.to(device=logprobs.device, dtype=logprobs.dtype))
     token_sums = (per_token * mask).sum(dim=1)  # (N,)
     lengths = mask.sum(dim=1)
     if loss_type == "grpo":

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -307,7 +308,7 @@ def _route(model, attention: str) -> str:
     if attention != "auto":
         return attention
     impl = attention_implementation(model)
-    if "flash" in impl:  # flash_attention_2 / _3, kernels-community/...flash...
+    if "flash" in impl or impl == "torch_varlen":  # flash_attention_2 / _3, kernels-community/...flash...
         return "varlen"
     if impl == "flex_attention":  # transformers builds the packed BlockMask from position_ids
         return "position_ids"
@@ -334,8 +335,9 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
     implementation (through ``get_base_model()`` for PEFT):
         ``"mask"`` (sdpa, eager, anything else): explicit block-diagonal causal mask (R, 1, T, T), boolean
             for sdpa, additive float for eager, plus ``position_ids``;
-        ``"varlen"`` (flash attention): the rows flattened into one (1, real tokens) row, only
-            ``position_ids``; transformers derives ``cu_seqlens`` from them;
+        ``"varlen"`` (flash attention, ``torch_varlen``): the rows flattened into one (1, real tokens)
+            row with ``position_ids``; flash attention derives ``cu_seqlens`` from them, ``torch_varlen``
+            (:mod:`dppo_core.varlen`) is given them (:func:`varlen_boundaries`);
         ``"position_ids"`` (flex attention): the (R, T) rows with only ``position_ids``; transformers
             builds the packed mask from them.
     Always ``use_cache=False``: with a KV cache transformers stops reading boundaries off ``position_ids``
@@ -355,8 +357,9 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
         real = batch.seq_ids >= 0  # rows are left-aligned, so row-major order keeps each sequence contiguous
         row_starts = torch.cumsum(real.sum(1), 0) - real.sum(1)
         flat_index = row_starts[row] + col
+        kwargs = varlen_boundaries(batch) if attention_implementation(model) == "torch_varlen" else {}
         out = model(input_ids=batch.input_ids[real][None].to(device),
-                    position_ids=batch.position_ids[real][None].to(device), use_cache=False)
+                    position_ids=batch.position_ids[real][None].to(device), use_cache=False, **kwargs)
     else:
         flat_index = row * batch.width + col
         kwargs = {}
@@ -365,6 +368,16 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
         out = model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
                     use_cache=False, **kwargs)
     return completion_grid(out.logits, flat_index, targets, c, temperature)
+
+
+def varlen_boundaries(batch: PackedBatch) -> dict[str, Any]:
+    """The packed sequences' boundaries in the flattened row of the ``varlen`` route, as transformers' keyword
+    arguments (``cu_seq_lens_q``/``_k``: (S + 1,) int32 cumulative lengths; ``max_length_q``/``_k``)."""
+    starts = torch.nonzero(batch.position_ids[batch.seq_ids >= 0] == 0).flatten()
+    total = int((batch.seq_ids >= 0).sum())
+    cu = torch.cat([starts, torch.tensor([total])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
 def model_attention_mask(model, mask: torch.Tensor, device) -> torch.Tensor:

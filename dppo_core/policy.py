@@ -75,17 +75,36 @@ def flash_attention_available() -> bool:
 def attention_kernel(choice: str, device: torch.device, needs_mask: bool = False) -> str:
     """The attention implementation to load the policy with, for ``DPPOConfig.attn_implementation``.
 
-    ``"auto"``: ``flash_attention_2`` on CUDA when ``flash_attn`` imports (a packed update then runs the
-    variable-length kernel, :mod:`dppo_core.packing`), else ``sdpa``; always ``sdpa`` when ``needs_mask``
-    (the shared-prefix layout). An explicit ``flash_attention_2`` without the package raises with the
+    ``"auto"``: on CUDA, ``flash_attention_2`` when ``flash_attn`` imports, else ``torch_varlen`` (PyTorch's
+    own variable-length kernel, :mod:`dppo_core.varlen`) where this PyTorch has it: a packed update then
+    runs a variable-length kernel (:mod:`dppo_core.packing`), 1.42x faster than the block-diagonal mask on
+    an H200 (``benchmarks/results/gpu/attention``); else, on CPU, and always when ``needs_mask`` (the
+    shared-prefix layout), ``sdpa``. An explicit ``flash_attention_2`` without the package raises with the
     install command.
     """
     has_flash = flash_attention_available()
     if choice == "auto":
-        return "flash_attention_2" if device.type == "cuda" and has_flash and not needs_mask else "sdpa"
+        if device.type != "cuda" or needs_mask:
+            return "sdpa"
+        if has_flash:
+            return "flash_attention_2"
+        from dppo_core import varlen
+
+        if varlen.available(device):
+            varlen.register()
+            return varlen.NAME
+        return "sdpa"
     if choice == "flash_attention_2" and not (device.type == "cuda" and has_flash):
         raise ConfigError("attn_implementation='flash_attention_2' needs a CUDA device and the flash-attn package "
                           "(pip install flash-attn --no-build-isolation); use attn_implementation=auto or sdpa")
+    if choice == "torch_varlen":
+        from dppo_core import varlen
+
+        if not varlen.available(device):
+            raise ConfigError(f"attn_implementation='torch_varlen' needs a CUDA device and PyTorch 2.10 or later "
+                              f"(this is torch {torch.__version__} on {device.type}); use attn_implementation=auto "
+                              "or sdpa")
+        varlen.register()
     return choice
 
 

@@ -420,17 +420,20 @@ class HFRollout:
             step_tok = torch.full((n,), pad_id, dtype=torch.long, device=device)
             step_tok[rows] = nxt
             lp = torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)  # (running,)
-            if not bool(torch.isfinite(lp).all()):  # non-finite logits: what torch.multinomial refuses too
-                raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
-                                   "finite (a diverged policy, or an overflow in low precision)")
             step_lp = torch.zeros(n, dtype=torch.float32, device=device)
             step_lp[rows] = lp
             tokens.append(step_tok)
             logps.append(step_lp)
             running = ~torch.isin(nxt, stop)  # (running,)
-            if not bool(running.any()) or len(tokens) == sampling.max_tokens:
+            # one device-to-host read per step (each is a synchronisation on a GPU)
+            finite, any_running, all_running = torch.stack(
+                [torch.isfinite(lp).all(), running.any(), running.all()]).tolist()
+            if not finite:  # non-finite logits: what torch.multinomial refuses too
+                raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
+                                   "finite (a diverged policy, or an overflow in low precision)")
+            if not any_running or len(tokens) == sampling.max_tokens:
                 break
-            if not bool(running.all()):  # finished sequences leave the batch and the KV cache
+            if not all_running:  # finished sequences leave the batch and the KV cache
                 still = running.nonzero().squeeze(-1)
                 cache.batch_select_indices(still)
                 rows, nxt = rows[still], nxt[still]

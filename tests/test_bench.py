@@ -297,6 +297,7 @@ def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
     assert run["accuracy"]["before"] == 0.4 and run["accuracy"]["after"] == 0.6
     assert run["accuracy"]["per_level_before"] == {"2": 0.5, "3": 0.3}
     assert run["accuracy"]["per_level_after"] == {"2": 0.7, "3": 0.5}
+    assert run["eval_stderr_max"] == 0.05  # the one evaluation that logs it
 
 
 def _run(after, wall, ttt, curve_accs=(0.4, 0.5), generated=1000):

@@ -88,7 +88,7 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 
 #: The layers of docs/architecture.md, lowest first; a module may import its own layer and the ones below.
 LAYERS = [
-    {"config", "grpo", "pruning", "packing", "shared_prefix", "rewards", "tasks", "benchmark_data", "models"},
+    {"config", "grpo", "pruning", "packing", "varlen", "shared_prefix", "rewards", "tasks", "benchmark_data", "models"},
     {"estimator"},
     {"rollout", "vllm_engine"},
     {"trainer", "data", "policy", "logprobs", "checkpoint", "distributed", "evaluate"},

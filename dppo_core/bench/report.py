@@ -77,6 +77,8 @@ NOTES: dict[str, str] = {
     "token_cost_bound": "grpo's time over c_gen * generated + c_train * trained + fixed, with "
                         "grpo's per-token costs (token_costs)",
     "fraction_of_bound": "wall speedup / token_cost_bound",
+    "eval_stderr_max": "the largest standard error of one evaluation point's sampled accuracy, problems as the "
+                       "sampling unit (over a method's points and seeds)",
 }
 
 

@@ -42,10 +42,11 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
     """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve, learning per cost.
 
     ``curve`` has one point per evaluation: its step, the training time up to it (sum of step times)
-    and the sampled and greedy accuracy. ``ess_per_step``: the mean Kish effective sample size of the trained
-    completions' weights (their count when all weigh 1); ``grad_norm_median`` the median gradient norm before
-    clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm``; each None when the logs
-    do not have it (TRL's runs) or ``max_grad_norm`` is not given.
+    and the sampled and greedy accuracy; ``eval_stderr_max`` the largest standard error of one point's sampled
+    accuracy (None when the evaluations do not log it). ``ess_per_step``: the mean Kish effective sample size of
+    the trained completions' weights (their count when all weigh 1); ``grad_norm_median`` the median gradient
+    norm before clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm``; each None
+    when the logs do not have it (TRL's runs) or ``max_grad_norm`` is not given.
     """
     steps = [m for m in metrics if "step_time" in m]
     if not steps:
@@ -81,6 +82,9 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
                      "per_level_after": subset_scores(last, "sampled"),
                      "greedy_per_level_after": subset_scores(last, "greedy")},
         "curve": curve,
+        # the largest standard error of one evaluation point's sampled accuracy (problems as the unit)
+        "eval_stderr_max": max(se) if (se := [e["sampled_stderr"] for e in evals
+                                              if e.get("sampled_stderr") is not None]) else None,
     }
 
 
@@ -180,6 +184,8 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
            for k in ("ess_per_step", "grad_norm_median", "clip_rate")},
         "time_to_target_s": _mean(reached) if len(reached) == len(runs) else None,
         "time_to_target_reached": f"{len(reached)}/{len(runs)}",
+        "eval_stderr_max": max(se) if (se := [r["eval_stderr_max"] for r in runs
+                                              if r.get("eval_stderr_max") is not None]) else None,
         "curve": curve,
     }
 

@@ -46,7 +46,8 @@ def run_label(method: str, layout: str) -> str:
 
 
 def summarize_steps(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, Any]:
-    """Medians over the timed steps (those after ``warmup``; all of them when there are no more)."""
+    """Medians over the timed steps (those after ``warmup``; all of them when there are no more, and then
+    ``warmup_steps`` is 0: the medians are of cold steps)."""
     timed = records[warmup:] or records
 
     def med(key: str) -> float:
@@ -54,6 +55,7 @@ def summarize_steps(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -
 
     out: dict[str, Any] = {
         "timed_steps": len(timed),
+        "warmup_steps": len(records) - len(timed),
         "step_time_median": med("step_time"),
         "phase_median_s": {p: med(f"time_{p}") for p in PHASES},
         "tokens_generated_median": med("tokens_generated"),
@@ -67,8 +69,12 @@ def summarize_steps(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -
 
 
 def systems_speedups(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each run's median step time against ``grpo-padded`` (as the frameworks run it) and ``grpo_skip-packed``."""
+    """Each run's median step time against ``grpo-padded`` (as the frameworks run it) and ``grpo_skip-packed``;
+    none when a run has no step after its warm-up (a cold first step times autotuning and allocation, and the
+    first run of all pays most of it)."""
     out: dict[str, dict[str, float]] = {}
+    if any(r.get("warmup_steps", WARMUP_STEPS) == 0 for r in results.values()):
+        return out
     for base in ("grpo-padded", "grpo_skip-packed"):
         if base in results and results[base]["step_time_median"] > 0:
             t = results[base]["step_time_median"]
@@ -82,7 +88,11 @@ def format_systems(result: Mapping[str, Any]) -> str:
     sp = result["speedup_vs"]
     lines = [f"# {result['preset']}: step times (timing only: random weights, a stand-in reward)", "",
              f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
-             f"Model: {result['model']}; {result['timed_steps']} timed steps per run after {WARMUP_STEPS} untimed", "",
+             f"Model: {result['model']}; rollouts: {result.get('rollout_engine') or '-'}; "
+             f"{result['timed_steps']} timed steps per run after {result['warmup_steps']} untimed", "",
+             *(["**Every step here is a run's first (max_steps is at most the warm-up): cold steps, which time "
+                "autotuning and allocation, the first run's most. They show that each path runs; no speedup is "
+                "computed from them.**", ""] if result["warmup_steps"] == 0 else []),
              "| run | step s | rollout s | update s | sync s | tokens generated | tokens trained | density | peak GiB "
              "| vs grpo-padded | vs grpo_skip-packed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -111,12 +121,14 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
     results: dict[str, dict[str, Any]] = {}
     engine = None
     model = None
-    timed = 0
+    rollout_engine = None
+    timed, warmup = 0, WARMUP_STEPS
     for (method, seed), base in configs.items():
         for layout, fields in LAYOUTS:
             label = run_label(method, layout)
             config = base.with_overrides({**fields, "output_dir": str(output_dir / "runs" / label)})
             model = config.model
+            rollout_engine = config.rollout_engine
             log(f"{label} (seed {seed}): {config.max_steps} steps ...")
             records, engine = train_steps(method, config, config.max_steps, engine,
                                           on_step=lambda r, label=label: log(f"    {label} {format_step(r)}"))
@@ -124,12 +136,13 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             results[label] = {"method": method, "layout": layout, **fields, "seed": seed, **summarize_steps(records)}
-            timed = results[label]["timed_steps"]
+            timed, warmup = results[label]["timed_steps"], results[label]["warmup_steps"]
     if engine is not None and hasattr(engine, "close"):
         engine.close()
     result = {"preset": preset.name, "kind": "systems", "command": command or f"dppo bench --preset {preset.name}",
               "machine": describe_machine(), "model": preset.overrides.get("model", model), "timed_steps": timed,
-              "warmup_steps": WARMUP_STEPS, "runs": results, "speedup_vs": systems_speedups(results),
+              "warmup_steps": warmup,
+              "rollout_engine": rollout_engine, "runs": results, "speedup_vs": systems_speedups(results),
               "versions": _versions(),
               "notes": {"timing_only": "random weights and gpu_check.synthetic_reward: step times, not learning",
                         "step_time_median": "median over the timed steps of the whole step (prune, rollout, "
