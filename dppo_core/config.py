@@ -167,8 +167,8 @@ class DPPOConfig:
     package is installed, else ``torch_varlen``, so a packed update runs a variable-length kernel; ``sdpa`` on
     CPU and with ``shared_prefix``),
     ``"sdpa"``, ``"eager"``, ``"flash_attention_2"`` (CUDA with ``flash-attn`` only) or ``"torch_varlen"``
-    (CUDA: PyTorch's own variable-length kernel in the packed update, sdpa elsewhere, nothing to install;
-    :mod:`dppo_core.varlen`)."""
+    (CUDA of compute capability 8.0+: PyTorch's own variable-length kernel in the packed update, sdpa
+    elsewhere, nothing to install; :mod:`dppo_core.varlen`)."""
 
     # --- run --------------------------------------------------------------------------------------
     max_steps: int = 100

@@ -275,9 +275,10 @@ def check_packing(model_dir: str | Path, device: torch.device, *, attention: str
     if attention == varlen.NAME:
         if device.type != "cuda":
             return Check(name, "SKIP", "PyTorch's variable-length kernel needs CUDA")
-        if not varlen.kernel_available():
-            return Check(name, "WARN", f"torch {torch.__version__} has no torch.nn.attention.varlen",
-                         "PyTorch 2.10 or later has it (attn_implementation=torch_varlen)")
+        why = varlen.unavailable_reason(device)
+        if why is not None:
+            return Check(name, "WARN", f"not available here: {why}; a packed update takes the mask route "
+                                       "(exact, slower)", "PyTorch 2.10+ on an Ampere or newer GPU has it")
         varlen.register()
     if attention == "flash_attention_2":
         from dppo_core.policy import flash_attention_available

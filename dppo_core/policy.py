@@ -100,10 +100,10 @@ def attention_kernel(choice: str, device: torch.device, needs_mask: bool = False
     if choice == "torch_varlen":
         from dppo_core import varlen
 
-        if not varlen.available(device):
-            raise ConfigError(f"attn_implementation='torch_varlen' needs a CUDA device and PyTorch 2.10 or later "
-                              f"(this is torch {torch.__version__} on {device.type}); use attn_implementation=auto "
-                              "or sdpa")
+        why = varlen.unavailable_reason(device)
+        if why is not None:
+            raise ConfigError(f"attn_implementation='torch_varlen' cannot run here: {why}; use "
+                              "attn_implementation=auto or sdpa")
         varlen.register()
     return choice
 

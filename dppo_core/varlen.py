@@ -44,10 +44,24 @@ def kernel_available() -> bool:
     return True
 
 
+def unavailable_reason(device: torch.device | str) -> str | None:
+    """Why ``torch_varlen`` cannot run on ``device``, or None when it can: it needs a CUDA device (the kernel
+    has no CPU implementation) of compute capability 8.0 or more (PyTorch's flash kernel: Ampere, Hopper and
+    later; not a T4 or V100) and PyTorch 2.10 or later."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"it needs a CUDA device (this is {device.type})"
+    if not kernel_available():
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen (PyTorch 2.10 or later has it)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"PyTorch's flash kernel needs compute capability 8.0 or more; this GPU has {major}.{minor}"
+    return None
+
+
 def available(device: torch.device | str) -> bool:
-    """Whether ``torch_varlen`` can run on ``device``: the kernel is in this PyTorch and the device is CUDA
-    (the kernel has no CPU implementation)."""
-    return torch.device(device).type == "cuda" and kernel_available()
+    """Whether ``torch_varlen`` can run on ``device`` (:func:`unavailable_reason` says why not)."""
+    return unavailable_reason(device) is None
 
 
 @functools.cache
@@ -115,7 +129,8 @@ def torch_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor,
     if query.shape[0] != 1 or key.shape[2] != query.shape[2]:
         raise ValueError(f"torch_varlen takes one flattened row and no KV cache with cu_seq_lens_q; got query "
                          f"{tuple(query.shape)} and key {tuple(key.shape)}")
-    if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(
+            cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
         raise ValueError("torch_varlen takes the same sequence boundaries for queries and keys")
     if sliding_window is not None:
         raise ValueError("torch_varlen does not apply a sliding window; load the model with "

@@ -118,7 +118,7 @@ def test_calls_without_boundaries_are_sdpa(shaped_dir, reference_kernel):
 
 def test_refused_where_it_cannot_run():
     assert not varlen.available("cpu")
-    with pytest.raises(ConfigError, match="torch_varlen needs a CUDA device|needs a CUDA device"):
+    with pytest.raises(ConfigError, match="torch_varlen' cannot run here: it needs a CUDA device"):
         attention_kernel("torch_varlen", torch.device("cpu"))
     with pytest.raises(ConfigError, match="attn_implementation.*CUDA only"):
         DPPOConfig(attn_implementation="torch_varlen", device="cpu")
@@ -131,3 +131,19 @@ def test_the_kernel_is_refused_a_kv_cache_or_a_batch(shaped_dir):
     cu = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="one flattened row"):
         varlen.torch_varlen_attention_forward(None, q, q[:, :1], q[:, :1], None, cu_seq_lens_q=cu)
+
+
+def test_only_on_gpus_whose_flash_kernel_exists(monkeypatch):
+    """PyTorch's flash kernel needs compute capability 8.0+: a T4 (7.5) gets sdpa from auto and a clear error
+    from an explicit torch_varlen, an H100 (9.0) gets the kernel."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert "compute capability 8.0 or more; this GPU has 7.5" in varlen.unavailable_reason(cuda)
+    monkeypatch.setattr("dppo_core.policy.flash_attention_available", lambda: False)
+    assert attention_kernel("auto", cuda) == "sdpa"
+    with pytest.raises(ConfigError, match="compute capability"):
+        attention_kernel("torch_varlen", cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert varlen.unavailable_reason(cuda) is None
+    assert attention_kernel("auto", cuda) == varlen.NAME
+    assert attention_kernel("auto", cuda, needs_mask=True) == "sdpa"  # the shared-prefix layout needs a mask
