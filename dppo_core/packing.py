@@ -357,7 +357,10 @@ def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1
         real = batch.seq_ids >= 0  # rows are left-aligned, so row-major order keeps each sequence contiguous
         row_starts = torch.cumsum(real.sum(1), 0) - real.sum(1)
         flat_index = row_starts[row] + col
-        kwargs = varlen_boundaries(batch) if attention_implementation(model) == "torch_varlen" else {}
+        kwargs = {}
+        if attention_implementation(model) == "torch_varlen":  # the boundaries on the device once, not per layer
+            kwargs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in varlen_boundaries(batch).items()}
+            kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_q"]
         out = model(input_ids=batch.input_ids[real][None].to(device),
                     position_ids=batch.position_ids[real][None].to(device), use_cache=False, **kwargs)
     else:
