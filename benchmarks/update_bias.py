@@ -11,7 +11,8 @@ kept busy, load average 4; per-part times in the JSON's ``timings_s``):
 The pruned loss L̂(θ) and its gradient at parameters fixed before the draw are unbiased for full-batch
 GRPO's (tests/test_unbiased.py). What the optimizer does with them is not, and this measures by how much,
 on the embedded warm-started tiny model and the arithmetic task with the ``cpu-full`` bench preset's
-configurations (:func:`dppo_core.bench.presets.method_config`): ``dppo`` (prompt rate 0.8 with the paper
+configurations (:func:`dppo_core.bench.presets.method_config`): ``dppo`` (the bench method ``dppo_paper``, what
+``dppo`` was when the results were made: prompt rate 0.8 with the paper
 scheme, completion rate 0.5 proportional to |A|, floors 0.2, fixed-size sampling, packing) against
 ``grpo`` (no pruning), both β = 0, AdamW (betas 0.9, 0.99) at lr 1e-4, ``max_grad_norm`` 1.0, 32 prompts
 x 8 completions.
@@ -620,7 +621,9 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="update-bias-")
     preset = bench_preset(args.preset)
     shared = [f"prompts_per_step={args.prompts}", "eval_steps=0", "save_steps=0"]
-    cfg = {m: method_config(preset, m, args.seed, tmp, shared) for m in ("grpo", "dppo")}
+    # "dppo" here is the paper rule (the bench method dppo_paper), what the committed results measured
+    cfg = {m: method_config(preset, name, args.seed, tmp, shared)
+           for m, name in (("grpo", "grpo"), ("dppo", "dppo_paper"))}
     cfg2 = {m: c.with_overrides({"num_iterations": 2}) for m, c in cfg.items()}
     for c in cfg.values():
         assert c.beta == 0 and c.num_iterations == 1 and c.loss_type == "grpo"

@@ -22,7 +22,10 @@ ROLLOUT_ENGINES = ("hf", "vllm", "auto")
 PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
-SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning (prompt_scheme, completion_scheme)
+SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
+PROMPT_SCHEMES = (*SCHEMES, "posterior")  # prompt_scheme: posterior scores every prompt by its whole history
+COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
+FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
 
 
 class ConfigError(ValueError):
@@ -102,16 +105,32 @@ class DPPOConfig:
     degenerate, no weights) and ``"pods"`` (keep the G - round(r_o*G) completions whose rewards vary most,
     no weights, advantages over the kept ones)."""
     prompt_prune_rate: float = 0.0
-    """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means)."""
+    """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means). With
+    ``dense_prompts`` and the ``proportional`` or ``posterior`` scheme it sets how far the window looks ahead:
+    about ``prompts_per_step`` / (1 - r_q) candidates, of which ``prompts_per_step`` are kept in expectation."""
     completion_prune_rate: float = 0.0
     """r_o in [0, 1): how hard to prune completions after reward (per group of G)."""
     prompt_scheme: str = "paper"
-    """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q) or
-    ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q)."""
+    """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q),
+    ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q) or ``"posterior"``
+    (proportional to sqrt(P(the next group is informative)) under a Beta-binomial posterior over the prompt's
+    success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior)."""
     completion_scheme: str = "proportional"
     """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o;
-    variance-minimising when a completion's gradient size is proportional to |A|) or ``"paper"`` (the lower
-    half by |A| kept with 1 - r_o)."""
+    variance-minimising when a completion's gradient size is proportional to |A|), ``"length"`` (to
+    |A| / len^``length_exponent``, expected fraction of the group's tokens pruned r_o: variance per token
+    trained) or ``"paper"`` (the lower half by |A| kept with 1 - r_o)."""
+    posterior_half_life: float | None = 20.0
+    """``prompt_scheme: posterior``: a group's evidence on its prompt counts half after this many steps (the
+    policy moves); None: never discounted."""
+    completion_target_ess: float | None = None
+    """Adapt the completion prune rate per step: the largest rate up to ``completion_prune_rate`` (in steps of 0.05)
+    whose predicted Kish effective sample size of the step's weights is at least this (None: the fixed rate). The
+    rate depends only on the step's advantages and the prompts' keep probabilities, so the estimator stays
+    unbiased; it prunes more when many completions carry signal and less when signal is scarce."""
+    length_exponent: float = 0.5
+    """``completion_scheme: length``: gamma in p ∝ |A| / len^gamma (0.5: gradient size independent of length;
+    1: shrinking like 1 / sqrt(len))."""
     min_prompt_keep_prob: float = 0.1
     """Floor of a prompt's keep probability (bounds the importance weights; in (0, 1])."""
     min_completion_keep_prob: float = 0.1
@@ -120,8 +139,13 @@ class DPPOConfig:
     drop_zero_advantage: bool = True
     """With ``pruning: dppo`` and beta = 0, never train on completions with A = 0 (exact, no bias)."""
     fixed_size_sampling: bool = False
-    """Keep exactly the expected number of items each step (systematic PPS sampling) instead of
-    independent coin flips; same inclusion probabilities, steadier batch sizes."""
+    """Keep exactly the expected number of items each step (a fixed-size design, ``fixed_size_design``) instead
+    of independent coin flips; same inclusion probabilities, steadier batch sizes."""
+    fixed_size_design: str = "systematic"
+    """With ``fixed_size_sampling``: ``"systematic"`` (systematic PPS in a random order), ``"sorted"`` (the
+    same in the order of a score: the prompts' keep probability, the completions' signed advantage, so the kept
+    set is spread over it like a stratified sample) or ``"pivotal"`` (ordered pivotal sampling in that order).
+    Every design keeps item j with probability exactly its p_j."""
     dense_prompts: bool = False
     """Look ahead in the dataset for candidates until the expected number of kept prompts reaches
     ``prompts_per_step``, so the generation batch stays full. Each step is unbiased for the full-batch loss over
@@ -230,8 +254,16 @@ class DPPOConfig:
         need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {PRUNING_MODES}")
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
-        for name in ("prompt_scheme", "completion_scheme"):
-            need(getattr(self, name) in SCHEMES, name, f"choose {' or '.join(SCHEMES)}")
+        need(self.prompt_scheme in PROMPT_SCHEMES, "prompt_scheme", f"choose one of {', '.join(PROMPT_SCHEMES)}")
+        need(self.completion_scheme in COMPLETION_SCHEMES, "completion_scheme",
+             f"choose one of {', '.join(COMPLETION_SCHEMES)}")
+        need(self.fixed_size_design in FIXED_SIZE_DESIGNS, "fixed_size_design",
+             f"choose one of {', '.join(FIXED_SIZE_DESIGNS)}")
+        need(self.posterior_half_life is None or self.posterior_half_life > 0, "posterior_half_life",
+             "must be > 0 steps (e.g. 20) or null (never discounted)")
+        need(self.length_exponent >= 0, "length_exponent", "must be >= 0 (0.5: p ∝ |A| / sqrt(len))")
+        need(self.completion_target_ess is None or self.completion_target_ess > 0, "completion_target_ess",
+             "must be > 0 (an effective number of completions per step, e.g. 64) or null (the fixed rate)")
         for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
             need(0 < getattr(self, name) <= 1, name,
                  "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")

@@ -123,7 +123,7 @@ class Estimator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the history (raises ValueError, changing nothing, if ``state`` is not one)."""
-        self.history = PromptHistory.from_state_dict(state)
+        self.history = PromptHistory.from_state_dict(state, half_life=self.history.half_life)
         mode = state.get("mode")
         if mode is not None and mode != self.name:
             warnings.warn(f"the prompt history was written by a {mode!r} estimator and is loaded into a {self.name!r} "
@@ -135,7 +135,8 @@ class PromptPruning(Estimator):
     """Shared by the modes that prune prompts before rollout: a history-based π_q and an inclusion draw."""
 
     prompt_prune_rate: float = 0.0
-    fixed_size_sampling: bool = False  # systematic PPS: the same π, a constant count kept
+    fixed_size_sampling: bool = False  # a fixed-size design: the same π, a constant count kept
+    fixed_size_design: str = "systematic"  # which one (pruning.FIXED_SIZE_DESIGNS); sorted by π for prompts
     dense_prompts: bool = False  # look ahead until ``size`` prompts are expected to be kept
     prompt_window_factor: int = 4  # at most this many times ``size`` candidates ahead
 
@@ -157,7 +158,8 @@ class PromptPruning(Estimator):
         if dense:
             window = pruning.dense_window(probs, size)
             probs = self.prompt_probs(ids[:window], step, budget=size)
-        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "prompts"), self.fixed_size_sampling)
+        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "prompts"), self.fixed_size_sampling,
+                                   design=self.fixed_size_design, order_key=probs)
         kept = keep.nonzero().flatten().tolist()
         return Selection(kept, probs[kept], window)
 
@@ -172,7 +174,10 @@ class DPPOEstimator(PromptPruning):
     2. Keep probabilities have floors (``min_*_keep_prob``): every item with a non-zero loss can be kept.
     3. ``proportional`` completion scheme by default (p ∝ |A|: for independent draws and a budget on the
        expected count, variance-minimising when a completion's gradient size is proportional to |A|); the
-       paper's rule is ``completion_scheme="paper"``.
+       paper's rule is ``completion_scheme="paper"``; ``"length"`` (p ∝ |A| / len^γ under a token budget)
+       needs the completions' lengths: ``weigh(A, selection, step, lengths=L)`` (``needs_lengths``).
+    4. ``prompt_scheme="posterior"`` scores prompts by a Beta-binomial posterior over their whole history
+       (discounted with ``posterior_half_life`` steps) instead of the last group's mean |A|.
     """
 
     name: ClassVar[str] = "dppo"
@@ -183,32 +188,73 @@ class DPPOEstimator(PromptPruning):
     min_completion_keep_prob: float = 0.1
     drop_zero_advantage: bool = True  # with beta = 0, completions with A = 0 (loss ≡ 0) get p = 0
     beta: float = 0.0  # the KL weight: with beta > 0 a completion with A = 0 still has a loss
+    group_size: int = 8  # G, for the posterior prompt scheme's prediction of the next group
+    scale_rewards: str = "group"  # the advantages' scaling, for the same
+    posterior_half_life: float | None = 20.0  # steps after which a group's evidence counts half (None: never)
+    length_exponent: float = 0.5  # γ of the ``length`` completion scheme
+    completion_target_ess: float | None = None  # adapt the completion rate per step (at most the rate above)
+
+    def __post_init__(self):
+        self.history.half_life = self.posterior_half_life
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the history's evidence is discounted with this estimator's half-life, whichever history it is handed
+        # (est.history = ..., trainer.history = ..., a checkpoint): a swapped-in history cannot silently stop decaying
+        if name == "history" and isinstance(value, PromptHistory) and "posterior_half_life" in self.__dict__:
+            value.half_life = self.posterior_half_life
+        elif name == "posterior_half_life" and "history" in self.__dict__:
+            self.history.half_life = value
+        super().__setattr__(name, value)
 
     @classmethod
     def from_config(cls, config: Any) -> DPPOEstimator:
         return cls(seed=config.seed, history_max_age=config.history_max_age,
                    prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
+                   fixed_size_design=config.fixed_size_design,
                    dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor,
                    completion_prune_rate=config.completion_prune_rate, prompt_scheme=config.prompt_scheme,
                    completion_scheme=config.completion_scheme, min_prompt_keep_prob=config.min_prompt_keep_prob,
                    min_completion_keep_prob=config.min_completion_keep_prob,
-                   drop_zero_advantage=config.drop_zero_advantage, beta=config.beta)
+                   drop_zero_advantage=config.drop_zero_advantage, beta=config.beta,
+                   group_size=config.num_generations, scale_rewards=config.scale_rewards,
+                   posterior_half_life=config.posterior_half_life, length_exponent=config.length_exponent,
+                   completion_target_ess=config.completion_target_ess)
+
+    @property
+    def needs_lengths(self) -> bool:
+        """``weigh`` needs the completions' token counts (``lengths=``): the ``length`` completion scheme."""
+        return self.completion_scheme == "length" and self.completion_prune_rate > 0
 
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         return pruning.prompt_keep_probs(self.history, ids, self.prompt_prune_rate, scheme=self.prompt_scheme,
                                          min_keep_prob=self.min_prompt_keep_prob, step=step,
-                                         max_age=self.history_max_age, budget=budget)
+                                         max_age=self.history_max_age, budget=budget, group_size=self.group_size,
+                                         scale_rewards=self.scale_rewards)
 
-    def completion_probs(self, advantages: torch.Tensor) -> torch.Tensor:
-        """p_qi of shape (P, G); all 1 when nothing is pruned (and no A = 0 completion may be dropped)."""
-        if self.completion_prune_rate > 0 or (self.drop_zero_advantage and self.beta == 0):
+    def completion_probs(self, advantages: torch.Tensor, lengths: torch.Tensor | None = None,
+                         prompt_probs: torch.Tensor | None = None) -> torch.Tensor:
+        """p_qi of shape (P, G); all 1 when nothing is pruned (and no A = 0 completion may be dropped).
+
+        With ``completion_target_ess`` the rate is chosen per step (:func:`pruning.adaptive_rate`, given the
+        rolled-out prompts' ``prompt_probs``, default 1), at most ``completion_prune_rate``."""
+        rate = self.completion_prune_rate
+        if self.completion_target_ess is not None and rate > 0:
+            pi = torch.ones(advantages.shape[0], dtype=torch.float64) if prompt_probs is None else prompt_probs
+            rate = pruning.adaptive_rate(pi, self.completion_target_ess, rate,
+                                         lambda r: self._completion_probs_at(advantages, lengths, r))
+        return self._completion_probs_at(advantages, lengths, rate)
+
+    def _completion_probs_at(self, advantages: torch.Tensor, lengths: torch.Tensor | None, rate: float) -> torch.Tensor:
+        if rate > 0 or (self.drop_zero_advantage and self.beta == 0):
+            scheme = self.completion_scheme if rate > 0 else "proportional"
             return pruning.completion_keep_probs(
-                advantages, self.completion_prune_rate, scheme=self.completion_scheme,
-                min_keep_prob=self.min_completion_keep_prob, beta=self.beta, drop_zero=self.drop_zero_advantage)
+                advantages, rate, scheme=scheme,
+                min_keep_prob=self.min_completion_keep_prob, beta=self.beta, drop_zero=self.drop_zero_advantage,
+                lengths=lengths, length_exponent=self.length_exponent)
         return torch.ones(advantages.shape, dtype=torch.float64)
 
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
-              rewards: torch.Tensor | None = None) -> Weighting:
+              rewards: torch.Tensor | None = None, lengths: torch.Tensor | None = None) -> Weighting:
         if selection is None:
             if self.prompt_prune_rate > 0:
                 raise ValueError("DPPOEstimator.weigh: prompts are pruned, so pass the step's Selection (its keep "
@@ -217,9 +263,13 @@ class DPPOEstimator(PromptPruning):
         if advantages.shape[0] == 0:  # every prompt pruned: nothing to train, the estimate is 0
             return Weighting(torch.zeros(advantages.shape, dtype=torch.bool),
                              torch.zeros(advantages.shape, dtype=torch.float64), selection.window * advantages.shape[1])
-        probs = self.completion_probs(advantages)
+        if self.needs_lengths and lengths is None:
+            raise ValueError("DPPOEstimator.weigh: completion_scheme='length' needs the completions' token counts "
+                             "(lengths=, shape (P, G)); pass them, or use completion_scheme='proportional'")
+        probs = self.completion_probs(advantages, lengths, selection.probs)
+        # sorted designs order each group by its signed advantage: the kept set spans both signs
         keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "completions"),
-                                   self.fixed_size_sampling)
+                                   self.fixed_size_sampling, design=self.fixed_size_design, order_key=advantages)
         weights = pruning.importance_weights(selection.probs, probs, keep)
         return Weighting(keep, weights, selection.window * advantages.shape[1])
 
@@ -254,6 +304,7 @@ class GRESOEstimator(PromptPruning):
     def from_config(cls, config: Any) -> GRESOEstimator:
         return cls(seed=config.seed, history_max_age=config.history_max_age,
                    prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
+                   fixed_size_design=config.fixed_size_design,
                    dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor)
 
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:

@@ -42,6 +42,14 @@ Keep-probability schemes (``rate`` = r):
 * ``"proportional"`` — p_i = clip(c · score_i, min_keep_prob, 1) with c chosen so that the expected
   number kept is (1 - r) · n: r is the expected fraction pruned (up to the floors and to items forced
   to 1).
+* ``"posterior"`` (prompts) — ``proportional`` on :func:`posterior_scores`: √P(the next group is informative)
+  under a Beta-binomial posterior over the prompt's success rate from its whole (discounted) history.
+* ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
+  the variance-optimal shape per token trained.
+
+Fixed-size designs (:func:`sample_keep`): ``systematic`` (random order), ``sorted`` (systematic along a score:
+stratified) and ``pivotal`` (ordered pivotal sampling); each keeps item j with probability exactly p_j.
+:func:`adaptive_rate` chooses a completion rate per step that holds a predicted effective sample size.
 
 Biased baselines, for comparison only (the tests and chapter 06 show their bias):
 
@@ -56,14 +64,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dppo_core.config import SCHEMES
+from dppo_core.config import COMPLETION_SCHEMES, FIXED_SIZE_DESIGNS, PROMPT_SCHEMES, SCHEMES
 
 # --------------------------------------------------------------------------------------------------
 # Prompt history
@@ -79,6 +87,8 @@ class PromptRecord:
     mean_abs_advantage: float
     step: int
     seen: int = 1
+    successes: float | None = None  # decayed evidence on the success rate, as of ``step`` (None: an old record)
+    failures: float | None = None
 
     @property
     def degenerate(self) -> bool:
@@ -92,10 +102,16 @@ class PromptHistory:
     ``update`` after each step's rewards; ``state_dict``/``from_state_dict`` for checkpoints (plain
     JSON-serialisable data); ``merge`` combines the histories of data-parallel ranks (the most recent
     record of each prompt wins, so every rank ends with the same history).
+
+    Besides the last group, each record carries the evidence of every group so far on the prompt's success
+    rate (``successes``, ``failures``: G x mean reward and G x (1 - mean reward), rewards clipped into [0, 1]),
+    each group's evidence discounted by 2^(-age / ``half_life``) steps as the policy moves (``half_life``
+    None: no discount). :func:`posterior_scores` reads it.
     """
 
-    def __init__(self, records: dict[str, PromptRecord] | None = None):
+    def __init__(self, records: dict[str, PromptRecord] | None = None, half_life: float | None = None):
         self.records: dict[str, PromptRecord] = dict(records or {})
+        self.half_life = half_life
 
     def __len__(self) -> int:
         return len(self.records)
@@ -115,9 +131,25 @@ class PromptHistory:
                              f"have shape ({len(prompt_ids)}, G), one row per prompt id")
         for pid, r, a in zip(prompt_ids, rewards, advantages, strict=True):
             prev = self.records.get(pid)
+            s_prev, f_prev = self.evidence(pid, step)
+            mean = float(r.mean())
+            hits = r.numel() * min(1.0, max(0.0, mean))
             self.records[pid] = PromptRecord(
-                mean_reward=float(r.mean()), reward_std=float(r.std(unbiased=False)),
-                mean_abs_advantage=float(a.abs().mean()), step=int(step), seen=(prev.seen + 1) if prev else 1)
+                mean_reward=mean, reward_std=float(r.std(unbiased=False)),
+                mean_abs_advantage=float(a.abs().mean()), step=int(step), seen=(prev.seen + 1) if prev else 1,
+                successes=s_prev + hits, failures=f_prev + r.numel() - hits)
+
+    def evidence(self, prompt_id: str, step: int | None = None) -> tuple[float, float]:
+        """(successes, failures) seen for the prompt, discounted to ``step`` (0, 0 if unseen)."""
+        rec = self.records.get(prompt_id)
+        if rec is None:
+            return 0.0, 0.0
+        if rec.successes is None or rec.failures is None:  # a record from before the evidence was kept
+            return min(1.0, max(0.0, rec.mean_reward)), 1.0 - min(1.0, max(0.0, rec.mean_reward))
+        decay = 1.0
+        if self.half_life is not None and step is not None and step > rec.step:
+            decay = 0.5 ** ((step - rec.step) / self.half_life)
+        return rec.successes * decay, rec.failures * decay
 
     def score(self, prompt_id: str, step: int | None = None, max_age: int | None = None) -> float | None:
         """The prompt's expected learning signal (its last mean |A|), or None if unseen or too old."""
@@ -133,9 +165,9 @@ class PromptHistory:
         return {"records": {k: asdict(v) for k, v in self.records.items()}}
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> PromptHistory:
+    def from_state_dict(cls, state: dict[str, Any], half_life: float | None = None) -> PromptHistory:
         try:
-            return cls({k: PromptRecord(**v) for k, v in state["records"].items()})
+            return cls({k: PromptRecord(**v) for k, v in state["records"].items()}, half_life=half_life)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a PromptHistory state (expected {{'records': {{id: record}}}}): {exc}") from exc
 
@@ -147,13 +179,15 @@ class PromptHistory:
         sightings, then the larger mean |A|, so the result does not depend on the ranks' order.
         """
         out: dict[str, PromptRecord] = {}
+        half_life = None
         for h in histories:
+            half_life = h.half_life if half_life is None else half_life
             for pid, rec in h.records.items():
                 cur = out.get(pid)
                 if cur is None or ((rec.step, rec.seen, rec.mean_abs_advantage)
                                    > (cur.step, cur.seen, cur.mean_abs_advantage)):
                     out[pid] = rec
-        return cls(out)
+        return cls(out, half_life=half_life)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,21 +195,24 @@ class PromptHistory:
 # --------------------------------------------------------------------------------------------------
 
 
-def _check(rate: float, min_keep_prob: float, scheme: str, candidate_fraction: float) -> None:
+def _check(rate: float, min_keep_prob: float, scheme: str, candidate_fraction: float,
+           schemes: tuple[str, ...] = SCHEMES) -> None:
     if not 0 <= rate < 1:
         raise ValueError(f"prune rate {rate!r} must be in [0, 1): it is the (expected) fraction pruned")
     if not 0 < min_keep_prob <= 1:
         raise ValueError(f"min_keep_prob={min_keep_prob!r} must be in (0, 1]: a zero floor makes the "
                          "estimator biased for items with a non-zero loss")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme={scheme!r}: choose one of {SCHEMES}")
+    if scheme not in schemes:
+        raise ValueError(f"scheme={scheme!r}: choose one of {schemes}")
     if not 0 < candidate_fraction <= 1:
         raise ValueError(f"candidate_fraction={candidate_fraction!r} must be in (0, 1]")
 
 
-def fit_budget(scores: torch.Tensor, budget: float, min_prob: float) -> torch.Tensor:
+def fit_budget(scores: torch.Tensor, budget: float, min_prob: float,
+               costs: torch.Tensor | None = None) -> torch.Tensor:
     """p_i = clip(c · s_i, min_prob, 1) with c such that Σ p_i = budget (as close as the bounds allow).
 
+    With ``costs`` (> 0, e.g. token counts) the budget is on the expected cost instead: Σ p_i cost_i = budget.
     Scores must be >= 0; an item with score 0 gets ``min_prob``; if every score is 0 the budget is
     spread evenly. Σ p is piecewise linear and non-decreasing in c, with breakpoints at min_prob/s_i and
     1/s_i, so c is found exactly: evaluate the sum at every breakpoint and interpolate on the segment
@@ -185,15 +222,18 @@ def fit_budget(scores: torch.Tensor, budget: float, min_prob: float) -> torch.Te
     n = s.size
     if n == 0:
         return torch.zeros(0, dtype=torch.float64)
-    budget = min(max(float(budget), min_prob * n), float(n))
+    w = np.ones(n) if costs is None else torch.as_tensor(costs, dtype=torch.float64).numpy().reshape(-1)
+    if w.size != n or not (w > 0).all():
+        raise ValueError(f"costs must be {n} positive numbers, one per score")
+    budget = min(max(float(budget), min_prob * w.sum()), float(w.sum()))
     if s.max() > 0:  # scale-free; scores below 1e-12 of the largest count as 0 (they get the floor)
         s = s / s.max()
         s[s < 1e-12] = 0.0
     pos = s[s > 0]
     if pos.size == 0:
-        return torch.full((n,), min(1.0, max(min_prob, budget / n)), dtype=torch.float64)
+        return torch.full((n,), min(1.0, max(min_prob, budget / w.sum())), dtype=torch.float64)
     cuts = np.unique(np.concatenate([[0.0], min_prob / pos, 1.0 / pos]))
-    sums = np.clip(cuts[:, None] * s[None, :], min_prob, 1).sum(axis=1)  # non-decreasing in c
+    sums = (np.clip(cuts[:, None] * s[None, :], min_prob, 1) * w[None, :]).sum(axis=1)  # non-decreasing in c
     j = int(np.searchsorted(sums, budget - 1e-12))
     if j >= cuts.size:  # unreachable (zero-score items stay at the floor): keep every positive item
         c = cuts[-1]
@@ -208,15 +248,20 @@ def fit_budget(scores: torch.Tensor, budget: float, min_prob: float) -> torch.Te
 def keep_probs_from_scores(scores: torch.Tensor, rate: float, *, scheme: str = "proportional",
                            min_keep_prob: float = 0.1, candidate_fraction: float = 0.5,
                            forced: torch.Tensor | None = None, zero: torch.Tensor | None = None,
-                           budget: float | None = None) -> torch.Tensor:
+                           budget: float | None = None, costs: torch.Tensor | None = None) -> torch.Tensor:
     """Keep probabilities for a 1-D pool of items from non-negative scores (higher = more useful).
 
     Args:
         rate: r in [0, 1); see the module docstring for what it means under each scheme.
+        scheme: ``"proportional"`` or ``"paper"`` (the stage schemes ``posterior`` and ``length`` are
+            ``proportional`` on their own scores: :func:`prompt_keep_probs`, :func:`completion_keep_probs`).
         forced: bool mask of items that must be kept (probability 1), e.g. unseen prompts.
         zero: bool mask of items whose loss is identically zero; they get probability 0.
         budget: if given, the free items' probabilities are rescaled (clip(c·p, floor, 1)) so that the
             expected number kept over the whole pool is ``budget`` — the dense-prompt mode.
+        costs: ``proportional`` only: the rate is then a fraction of the pool's total cost (e.g. tokens):
+            Σ p_i cost_i = (1 - r) Σ cost_i, both sums over the whole pool (zero-loss items count in the total
+            and are kept with probability 0).
 
     Returns float64 probabilities: 1 for ``forced``, 0 for ``zero``, in [min_keep_prob, 1] otherwise.
     """
@@ -227,6 +272,10 @@ def keep_probs_from_scores(scores: torch.Tensor, rate: float, *, scheme: str = "
     zero = torch.zeros(n, dtype=torch.bool) if zero is None else zero.reshape(-1).bool() & ~forced
     if torch.isnan(scores).any() or (scores < 0).any():
         raise ValueError("scores must be finite and >= 0 (e.g. |advantage|)")
+    cost = torch.ones(n, dtype=torch.float64) if costs is None else torch.as_tensor(costs, dtype=torch.float64)
+    cost = cost.reshape(-1)
+    if cost.numel() != n or not (cost > 0).all():
+        raise ValueError(f"costs must be {n} positive numbers, one per item (e.g. token counts, at least 1)")
     probs = torch.ones(n, dtype=torch.float64)
     probs[zero] = 0.0
     free = ~forced & ~zero
@@ -234,8 +283,8 @@ def keep_probs_from_scores(scores: torch.Tensor, rate: float, *, scheme: str = "
     if idx.numel() and rate > 0:
         s = scores[idx]
         if scheme == "proportional":
-            target = (1 - rate) * n - int(forced.sum())
-            probs[idx] = fit_budget(s, target, min_keep_prob)
+            target = (1 - rate) * float(cost.sum()) - float(cost[forced].sum())
+            probs[idx] = fit_budget(s, target, min_keep_prob, None if costs is None else cost[idx])
         else:  # paper: the lowest-scoring candidate_fraction of the free items are kept with 1 - r
             m = math.ceil(candidate_fraction * idx.numel() - 1e-9)
             low = idx[torch.argsort(s, stable=True)[:m]]
@@ -248,37 +297,159 @@ def keep_probs_from_scores(scores: torch.Tensor, rate: float, *, scheme: str = "
 
 def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str = "proportional",
                           min_keep_prob: float = 0.1, beta: float = 0.0, drop_zero: bool = True,
-                          candidate_fraction: float = 0.5) -> torch.Tensor:
+                          candidate_fraction: float = 0.5, lengths: torch.Tensor | None = None,
+                          length_exponent: float = 0.5) -> torch.Tensor:
     """Per completion keep probabilities p_{q,i}, from |A| within each group; shape (P, G) like ``advantages``.
 
-    Each group of G gets its own budget (``proportional``: (1 - r)·G expected kept), so every prompt
-    keeps completions. With ``beta == 0`` a completion with A = 0 has an identically zero loss and,
-    if ``drop_zero``, probability 0 (whole degenerate groups vanish from the update at no bias). With
-    ``beta > 0`` its KL term is not zero, so it keeps the floor.
+    Each group of G gets its own budget, so every prompt keeps completions:
+
+    * ``proportional``: p ∝ |A|, (1 - r)·G completions kept in expectation;
+    * ``length``: p ∝ |A| / len^γ (γ = ``length_exponent``), (1 - r) of the group's tokens kept in
+      expectation (needs ``lengths``, shape (P, G), the completions' token counts). Under a token budget the
+      variance-optimal p is ∝ ‖g‖ / √len (docs/estimator.md): γ = 0.5 if a completion's gradient size is
+      ∝ |A| whatever its length, γ = 1 if it shrinks like 1 / √len (a per-sequence token mean of
+      independent token gradients); benchmarks/variance_cost.py measures which;
+    * ``paper``: the lower ``candidate_fraction`` by |A| kept with 1 - r.
+
+    With ``beta == 0`` a completion with A = 0 has an identically zero loss and, if ``drop_zero``,
+    probability 0 (whole degenerate groups vanish from the update at no bias). With ``beta > 0`` its KL
+    term is not zero, so it keeps the floor.
     """
     adv = torch.as_tensor(advantages, dtype=torch.float64)
     if adv.ndim != 2:
         raise ValueError(f"advantages must have shape (num_prompts, G), got {tuple(adv.shape)}")
-    _check(rate, min_keep_prob, scheme, candidate_fraction)
+    _check(rate, min_keep_prob, scheme, candidate_fraction, COMPLETION_SCHEMES)
+    costs = None
+    if scheme == "length":
+        if lengths is None:
+            raise ValueError("completion scheme 'length' needs the completions' token counts (lengths=, shape (P, G))")
+        costs = torch.as_tensor(lengths, dtype=torch.float64).clamp(min=1.0)
+        if costs.shape != adv.shape:
+            raise ValueError(f"lengths {tuple(costs.shape)} must have the advantages' shape {tuple(adv.shape)}")
+        if length_exponent < 0:
+            raise ValueError(f"length_exponent={length_exponent!r} must be >= 0 (0: p ∝ |A| under a token budget)")
     out = torch.empty_like(adv)
     for q in range(adv.shape[0]):
         zero = (adv[q] == 0) if (drop_zero and beta == 0) else None
-        out[q] = keep_probs_from_scores(adv[q].abs(), rate, scheme=scheme, min_keep_prob=min_keep_prob,
-                                        candidate_fraction=candidate_fraction, zero=zero)
+        if costs is None:
+            out[q] = keep_probs_from_scores(adv[q].abs(), rate, scheme=scheme, min_keep_prob=min_keep_prob,
+                                            candidate_fraction=candidate_fraction, zero=zero)
+        else:
+            out[q] = keep_probs_from_scores(adv[q].abs() / costs[q] ** length_exponent, rate, scheme="proportional",
+                                            min_keep_prob=min_keep_prob, zero=zero, costs=costs[q])
     return out
+
+
+def expected_ess(prompt_probs: torch.Tensor, completion_probs: torch.Tensor) -> float:
+    """The completion stage's effective sample size, predicted before its draw: (Σ 1/π_q)² / Σ 1/(π_q² p_qi).
+
+    Over the completions with p_qi > 0 of the rolled-out prompts (probabilities ``prompt_probs`` (P,) and
+    ``completion_probs`` (P, G)): the ratio of E[Σ w]² to E[Σ w²] for the weights w = 1/(π_q p_qi) of the kept
+    ones, Kish's effective sample size (:func:`effective_sample_size`) with expectations in place of sums.
+    """
+    pi = torch.as_tensor(prompt_probs, dtype=torch.float64)[:, None].expand_as(torch.as_tensor(completion_probs))
+    p = torch.as_tensor(completion_probs, dtype=torch.float64)
+    live = p > 0
+    if not live.any():
+        return 0.0
+    return float((1 / pi[live]).sum() ** 2 / (1 / (pi[live] ** 2 * p[live])).sum())
+
+
+def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float,
+                  probs_at: Callable[[float], torch.Tensor], step_size: float = 0.05) -> float:
+    """The largest completion prune rate in {0, step_size, ..., max_rate} whose predicted ESS reaches ``target_ess``.
+
+    ``probs_at(r)`` gives the completion keep probabilities at rate r (the scheme's own, from the step's
+    advantages). The rate is a function of the step's advantages and the prompts' probabilities only, both fixed
+    before the completion draw, so the estimator stays unbiased; it prunes more when many completions carry
+    signal and less when signal is scarce (a step whose ESS is below the target even unpruned is not pruned).
+    Returns 0 when no rate reaches it.
+    """
+    if target_ess <= 0:
+        raise ValueError(f"target_ess={target_ess!r} must be > 0 (an effective number of completions per step)")
+    rates = [round(k * step_size, 10) for k in range(int(max_rate / step_size + 1e-9) + 1)]
+    best = 0.0
+    for r in rates:
+        if expected_ess(prompt_probs, probs_at(r)) >= target_ess - 1e-9:
+            best = r
+        else:
+            break  # the predicted ESS falls as the rate rises
+    return best
+
+
+def beta_binomial_pmf(alpha: float, beta: float, n: int) -> np.ndarray:
+    """P(k successes in n) for k = 0..n when the success rate is Beta(alpha, beta) distributed."""
+    k = np.arange(n + 1)
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+    log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta) for i in k])
+    log_b0 = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
+    pmf = np.exp(log_choose + log_b - log_b0)
+    return pmf / pmf.sum()
+
+
+def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -> np.ndarray:
+    """Σ_i A_i² / G of a group of pass/fail rewards with k passes: what its gradient's squared size scales with.
+
+    Group-scaled advantages have Σ A² = G in every group that is not all right or all wrong (up to eps), so 1
+    there and 0 at k = 0 or G; unscaled (``none``) ones have Σ A² / G = k (G - k) / G², the rewards' variance.
+    """
+    k = np.asarray(k, dtype=np.float64)
+    if scale_rewards == "none":
+        return k * (group_size - k) / group_size**2
+    return ((k > 0) & (k < group_size)).astype(np.float64)
+
+
+def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
+                     step: int | None = None, max_age: int | None = None, prior: tuple[float, float] = (1.0, 1.0),
+                     scale_rewards: str = "group") -> torch.Tensor:
+    """Each prompt's expected learning signal from everything its history shows: √E[Σ A² / G] of its next group.
+
+    The prompt's success rate is Beta(prior + discounted successes, prior + discounted failures)
+    (:meth:`PromptHistory.evidence`); the next group's passes k are then Beta-binomial over ``group_size``
+    draws, and the score is √(Σ_k P(k) · :func:`group_signal` (k)). With group-scaled advantages that is
+    √P(the group is informative) = √(1 - E[p^G] - E[(1 - p)^G]). The square root because the
+    variance-optimal inclusion probability of a prompt is ∝ √E‖S_q‖² (docs/estimator.md), and E‖S_q‖² scales
+    with E[Σ A²] when completions' gradients are of similar size. Unseen prompts (and, with ``max_age``,
+    prompts last seen longer ago) get the prior's score. Returns float64, shape (len(prompt_ids),).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size!r} must be at least 1 (the completions per prompt, G)")
+    if min(prior) <= 0:
+        raise ValueError(f"prior={prior!r}: both Beta parameters must be > 0, e.g. (1, 1) (uniform)")
+    k = np.arange(group_size + 1)
+    signal = group_signal(k, group_size, scale_rewards)
+    cache: dict[tuple[float, float], float] = {}
+    out = []
+    for pid in prompt_ids:
+        rec = history.get(pid)
+        stale = rec is not None and max_age is not None and step is not None and step - rec.step > max_age
+        s, f = (0.0, 0.0) if rec is None or stale else history.evidence(pid, step)
+        key = (round(prior[0] + s, 9), round(prior[1] + f, 9))
+        if key not in cache:
+            cache[key] = math.sqrt(max(0.0, float(beta_binomial_pmf(*key, group_size) @ signal)))
+        out.append(cache[key])
+    return torch.tensor(out, dtype=torch.float64)
 
 
 def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *, scheme: str = "paper",
                       min_keep_prob: float = 0.1, step: int | None = None, max_age: int | None = None,
-                      budget: float | None = None, candidate_fraction: float = 0.5) -> torch.Tensor:
+                      budget: float | None = None, candidate_fraction: float = 0.5, group_size: int = 8,
+                      scale_rewards: str = "group") -> torch.Tensor:
     """Inclusion probability π_q for each candidate prompt, from its history; shape (len(prompt_ids),).
 
-    Unseen prompts (and, with ``max_age``, prompts last seen more than ``max_age`` steps before
-    ``step``) get 1. Seen prompts are scored by the mean |A| of their last group (0 for a degenerate
-    group) and get probabilities by ``scheme``, floored at ``min_keep_prob`` — never 0, because a
-    prompt that gave no signal last time may give some now. ``budget`` rescales them so that the
-    expected number of prompts kept is ``budget`` (see :func:`dense_window`).
+    ``paper`` and ``proportional``: unseen prompts (and, with ``max_age``, prompts last seen more than
+    ``max_age`` steps before ``step``) get 1; seen prompts are scored by the mean |A| of their last group
+    (0 for a degenerate group). ``posterior``: every prompt is scored by :func:`posterior_scores` (all its
+    history, unseen ones by the prior) and kept with probability ∝ its score, (1 - r) of the candidates in
+    expectation. Floored at ``min_keep_prob``: never 0, because a prompt that gave no signal last time may
+    give some now. ``budget`` rescales them so that the expected number of prompts kept is ``budget`` (see
+    :func:`dense_window`).
     """
+    _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
+    if scheme == "posterior":
+        values = posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age,
+                                  scale_rewards=scale_rewards)
+        return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob, budget=budget)
     scores = [history.score(pid, step, max_age) for pid in prompt_ids]
     forced = torch.tensor([s is None for s in scores], dtype=torch.bool)
     values = torch.tensor([0.0 if s is None else s for s in scores], dtype=torch.float64)
@@ -333,36 +504,95 @@ def systematic_draw(p: torch.Tensor, order: torch.Tensor, u: float) -> torch.Ten
     return keep
 
 
-def _systematic(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """:func:`systematic_draw` with a random order and start drawn from ``generator``."""
+def pivotal_draw(p: torch.Tensor, order: torch.Tensor, coin: Callable[[float], bool]) -> torch.Tensor:
+    """Ordered pivotal sampling (Deville and Tillé 1998) of a 1-D pool, given its randomness: the order and the coins.
+
+    Walking ``order``, the unit still undecided ("the pivot", probability a) meets the next one (b): if
+    a + b < 1 one of them drops to 0 and the other takes a + b (the pivot keeps it with probability
+    a / (a + b)); otherwise one rises to 1 (kept) and the other carries a + b - 1 (the pivot is the one kept
+    with probability (1 - b) / (2 - a - b)). Each duel keeps both units' expected values, so unit j is kept
+    with probability exactly p_j, and Σp items are kept when Σp is an integer (⌊Σp⌋ or ⌈Σp⌉ otherwise).
+    Neighbours in ``order`` compete, so sorting by a score spreads the kept set over the score's range (like
+    a stratified sample) with a random, not periodic, pattern. ``coin(q)`` returns True with probability q.
+    """
+    keep = torch.zeros(p.numel(), dtype=torch.bool)
+    pivot, a = None, 0.0
+    for j in order.tolist():
+        b = float(p[j])
+        if b >= 1 - 1e-12:
+            keep[j] = True
+            continue
+        if b <= 1e-12:
+            continue
+        if pivot is None:
+            pivot, a = j, b
+            continue
+        total = a + b
+        if total < 1 - 1e-12:  # one of the two drops out; the survivor is the new pivot with a + b
+            pivot, a = (pivot, total) if coin(a / total) else (j, total)
+        elif total > 1 + 1e-12:  # one is kept; the other goes on with a + b - 1
+            if coin((1 - b) / (2 - total)):
+                keep[pivot] = True
+                pivot, a = j, total - 1
+            else:
+                keep[j] = True
+                a = total - 1
+        else:  # exactly 1: one of the two is kept, the other is out
+            keep[pivot if coin(a) else j] = True
+            pivot, a = None, 0.0
+    if pivot is not None and coin(a):  # the last remainder (Σp not an integer)
+        keep[pivot] = True
+    return keep
+
+
+def _fixed_size(p: torch.Tensor, generator: torch.Generator | None, design: str,
+                order_key: torch.Tensor | None) -> torch.Tensor:
+    """One row of a fixed-size design, its randomness drawn from ``generator``."""
     if p.numel() == 0:
         return torch.zeros(0, dtype=torch.bool)
-    order = torch.randperm(p.numel(), generator=generator)
+    if design == "systematic" or order_key is None:
+        order = torch.randperm(p.numel(), generator=generator)
+    else:  # ties broken at random, so equal scores do not always meet in the same order
+        jitter = torch.rand(p.numel(), generator=generator, dtype=torch.float64)
+        order = torch.from_numpy(np.lexsort((jitter.numpy(), torch.as_tensor(order_key, dtype=torch.float64).numpy())))
+    if design == "pivotal":
+        return pivotal_draw(p, order, lambda q: bool(torch.rand((), generator=generator, dtype=torch.float64) < q))
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     return systematic_draw(p, order, u)
 
 
 def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None,
-                fixed_size: bool = False) -> torch.Tensor:
+                fixed_size: bool = False, *, design: str = "systematic",
+                order_key: torch.Tensor | None = None) -> torch.Tensor:
     """Draw which items to keep: a bool tensor shaped like ``probs`` (1-D, or 2-D sampled row by row).
 
     ``generator``: the random stream (default: torch's global one); the trainer passes
     :func:`step_generator` so a resumed run draws the same.
 
-    ``fixed_size=False``: independent Bernoulli(p) draws. ``fixed_size=True``: systematic PPS sampling
-    (:func:`_systematic`) in each row, with the same inclusion probabilities but a constant count: a row
-    whose probabilities sum to an integer k keeps exactly k items every time (otherwise ⌊Σp⌋ or ⌈Σp⌉).
+    ``fixed_size=False``: independent Bernoulli(p) draws. ``fixed_size=True``: a design with the same
+    inclusion probabilities but a constant count, in each row: a row whose probabilities sum to an integer k
+    keeps exactly k items every time (otherwise ⌊Σp⌋ or ⌈Σp⌉). ``design`` (one of ``FIXED_SIZE_DESIGNS``):
+    ``systematic`` (:func:`systematic_draw` in a random order), ``sorted`` (the same in the order of
+    ``order_key``, shaped like ``probs``: a stratified sample, lower variance when the key tracks the
+    items' gradients, e.g. the signed advantage) or ``pivotal`` (:func:`pivotal_draw` in that order).
+    Without ``order_key`` the order is random for every design.
     """
     p = torch.as_tensor(probs, dtype=torch.float64)
     if ((p < 0) | (p > 1) | torch.isnan(p)).any():
         raise ValueError("keep probabilities must lie in [0, 1]")
+    if design not in FIXED_SIZE_DESIGNS:
+        raise ValueError(f"design={design!r}: choose one of {FIXED_SIZE_DESIGNS}")
+    if order_key is not None and torch.as_tensor(order_key).shape != p.shape:
+        raise ValueError(f"order_key {tuple(torch.as_tensor(order_key).shape)} must have the shape of probs "
+                         f"{tuple(p.shape)}")
     # generator None: torch's global random stream (seed it, or pass step_generator(...) to be resumable)
     if not fixed_size:
         return torch.rand(p.shape, generator=generator, dtype=torch.float64) < p
     if p.ndim == 1:
-        return _systematic(p, generator)
+        return _fixed_size(p, generator, design, order_key)
     if p.ndim == 2:
-        return torch.stack([_systematic(row, generator) for row in p])
+        keys = [None] * p.shape[0] if order_key is None else list(torch.as_tensor(order_key))
+        return torch.stack([_fixed_size(row, generator, design, key) for row, key in zip(p, keys, strict=True)])
     raise ValueError(f"probs must be 1-D or 2-D, got shape {tuple(p.shape)}")
 
 

@@ -262,21 +262,29 @@ class DPPOTrainer:
         return total.view(len(rows), g), means
 
     def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor, selection: Selection | None = None,
-                        step: int | None = None, group_offset: int = 0, rewards: torch.Tensor | None = None
-                        ) -> Sequences:
+                        step: int | None = None, group_offset: int = 0, rewards: torch.Tensor | None = None,
+                        lengths: torch.Tensor | None = None) -> Sequences:
         """The completions to train on, with their weights and the loss normaliser (the estimator's ``weigh``).
 
         Data parallel: ``advantages`` (and ``selection``) cover the whole step, so the keep draws are those
         of a single process; ``batch`` holds this rank's groups, rows ``group_offset ...`` of ``advantages``.
+        ``lengths`` (P, G): every group's completion token counts, for an estimator that ``needs_lengths``
+        (read from ``batch`` when it holds every group; with several ranks pass them).
         """
-        weighting = self._weigh(advantages, selection, self.step if step is None else step, rewards)
+        if lengths is None and getattr(self.estimator, "needs_lengths", False) and \
+                len(batch.groups) == advantages.shape[0]:  # one process: every group is here
+            lengths = torch.tensor([[c.length for c in g.completions] for g in batch.groups]).view(advantages.shape)
+        weighting = self._weigh(advantages, selection, self.step if step is None else step, rewards, lengths)
         return self.sequences(batch, advantages, weighting, group_offset)
 
     def _weigh(self, advantages: torch.Tensor, selection: Selection | None, step: int,
-               rewards: torch.Tensor | None) -> Weighting:
+               rewards: torch.Tensor | None, lengths: torch.Tensor | None = None) -> Weighting:
+        extra: dict[str, torch.Tensor | None] = {}
         if self.estimator.needs_rewards:
-            return self.estimator.weigh(advantages, selection, step, rewards=rewards)
-        return self.estimator.weigh(advantages, selection, step)
+            extra["rewards"] = rewards
+        if getattr(self.estimator, "needs_lengths", False):
+            extra["lengths"] = lengths
+        return self.estimator.weigh(advantages, selection, step, **extra)
 
     @staticmethod
     def sequences(batch: RolloutBatch, advantages: torch.Tensor, weighting: Weighting,
@@ -381,9 +389,9 @@ class DPPOTrainer:
         self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, self.step)
         timer.lap("reward")
         # 4. weigh: which completions to train on, their weights 1/(π_q p_qi) and the normaliser
-        weighting = self._weigh(adv, selection, self.step, rewards)
+        lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
+        weighting = self._weigh(adv, selection, self.step, rewards, lens)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
-        lens = torch.tensor(lengths).view_as(weighting.keep)  # (P, G): every rank's groups
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)
         weights = weighting.weights[kept].float()  # every rank's kept weights, in global order

@@ -16,9 +16,10 @@ from dppo_core.pruning import PromptHistory
 class ScaledRandomWeights(DPPOEstimator):
     """Weights of the randomly kept completions (p < 1) 5% too large."""
 
-    def weigh(self, advantages, selection=None, step=0):
-        w = super().weigh(advantages, selection, step)
-        random = (self.completion_probs(advantages) < 1) & w.keep
+    def weigh(self, advantages, selection=None, step=0, **kwargs):
+        w = super().weigh(advantages, selection, step, **kwargs)
+        probs = self.completion_probs(advantages, kwargs.get("lengths"), None if selection is None else selection.probs)
+        random = (probs < 1) & w.keep
         return Weighting(w.keep, torch.where(random, w.weights * 1.05, w.weights), w.num_sequences)
 
 
@@ -49,8 +50,8 @@ class StalePromptProbs(DPPOEstimator):
 class KeptCountNormaliser(DPPOEstimator):
     """C = the number of completions kept (a ratio), instead of the constant |B|·G."""
 
-    def weigh(self, advantages, selection=None, step=0):
-        w = super().weigh(advantages, selection, step)
+    def weigh(self, advantages, selection=None, step=0, **kwargs):
+        w = super().weigh(advantages, selection, step, **kwargs)
         return Weighting(w.keep, w.weights, max(1, int(w.keep.sum())))
 
 

@@ -121,7 +121,7 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
     # TRL's trainer with DPPO's estimator prunes: it trains on fewer tokens than it generates, unlike trl_grpo
     assert m["trl_dppo"]["tokens"]["trained"] < m["trl_dppo"]["tokens"]["generated"]
     assert m["trl_grpo"]["tokens"]["trained"] == m["trl_grpo"]["tokens"]["generated"]
-    assert result["configs"]["trl_dppo"] == {**result["configs"]["dppo"], "packing": False}
+    assert result["configs"]["trl_dppo"] == {**result["configs"]["dppo"], "packing": False, "dense_prompts": False}
 
 
 @pytest.mark.slow
@@ -372,8 +372,10 @@ def test_cpu_presets_make_pruning_act_on_recurring_prompts():
     full = method_config(BENCH_PRESETS["cpu-full"], "dppo", 0, "out")
     assert full.pruning == "dppo" and full.prompt_prune_rate > 0 and full.completion_prune_rate > 0 and full.packing
     assert full.beta == 0.0  # no KL term: an A = 0 completion has a zero loss and DPPO drops it exactly
-    assert full.drop_zero_advantage and full.prompt_prune_rate == 0.8
-    assert method_config(BENCH_PRESETS["cpu-full"], "greso", 0, "out").prompt_prune_rate == 0.8  # same rate
+    assert full.drop_zero_advantage and full.prompt_scheme == "posterior" and full.dense_prompts
+    paper = method_config(BENCH_PRESETS["cpu-full"], "dppo_paper", 0, "out")
+    assert paper.prompt_scheme == "paper" and paper.prompt_prune_rate == 0.8 and not paper.dense_prompts
+    assert method_config(BENCH_PRESETS["cpu-full"], "greso", 0, "out").prompt_prune_rate == 0.8  # paper's rate
     # each prompt of the pool comes back every few steps, so its history exists when it is drawn again
     assert full.train_pool_size / full.prompts_per_step <= full.max_steps / 4
 
@@ -424,11 +426,24 @@ RECORDED_CONFIGS: dict[str, dict[str, dict]] = {
 }
 
 
+#: What the dppo method changed to with the variance-aware schemes (#22), on top of the recorded pruning; its
+#: prompt rate is the preset's 0.5 everywhere (the CPU presets' 0.8 is dppo_paper's).
+VARIANCE_AWARE = {"prompt_prune_rate": 0.5, "prompt_scheme": "posterior", "posterior_half_life": 20,
+                  "dense_prompts": True, "completion_scheme": "length", "length_exponent": 1.0,
+                  "fixed_size_design": "sorted"}
+
+
 @pytest.mark.parametrize("name", list(RECORDED_CONFIGS))
 def test_every_method_configuration_is_the_recorded_one(name, tmp_path):
     preset, recorded = BENCH_PRESETS[name], RECORDED_CONFIGS[name]
-    for method in ("grpo", "dppo", "cppo", "greso", "trl_grpo"):
-        expected = DPPOConfig().with_overrides({**recorded["shared"], **recorded.get(method, {}), "seed": 7,
+    for method in ("grpo", "dppo", "cppo", "greso", "trl_grpo", "dppo_paper"):
+        settings = recorded.get(method, {})
+        if method == "dppo":
+            settings = {**settings, **VARIANCE_AWARE}
+        elif method == "dppo_paper":  # what dppo was (a 128-token row: the GPU preset's 4096 is dppo's own)
+            settings = {**recorded["dppo"], "max_tokens_per_row": 128}
+            settings.pop("packing_rows_per_micro_batch", None)
+        expected = DPPOConfig().with_overrides({**recorded["shared"], **settings, "seed": 7,
                                                 "output_dir": str(tmp_path / "runs" / method / "seed-7")})
         assert method_config(preset, method, 7, tmp_path) == expected, method
     # command-line overrides still apply to every method, or to one after its settings
@@ -437,15 +452,22 @@ def test_every_method_configuration_is_the_recorded_one(name, tmp_path):
     assert grpo == DPPOConfig().with_overrides({**recorded["shared"], "max_steps": 5, "beta": 0.1, "seed": 3,
                                                 "output_dir": str(tmp_path / "runs/grpo/seed-3")})
     dppo = method_config(preset, "dppo", 3, tmp_path, overrides)
-    assert dppo == DPPOConfig().with_overrides({**recorded["shared"], **recorded["dppo"], "max_steps": 5,
-                                                "completion_prune_rate": 0.3, "seed": 3,
+    assert dppo == DPPOConfig().with_overrides({**recorded["shared"], **recorded["dppo"], **VARIANCE_AWARE,
+                                                "max_steps": 5, "completion_prune_rate": 0.3, "seed": 3,
                                                 "output_dir": str(tmp_path / "runs/dppo/seed-3")})
 
 
 def test_the_dppo_method_takes_its_pruning_from_the_tiny_dppo_preset():
     """One source of truth: the dppo method prunes as `dppo train --preset tiny-dppo` does, plus dense packing."""
-    # as it was written by hand, in its order (chapter 08 prints it)
+    # in the preset's order (chapter 08 prints it)
     assert list(METHOD_OVERRIDES["dppo"].items()) == [
+        ("pruning", "dppo"), ("prompt_prune_rate", 0.5), ("prompt_scheme", "posterior"), ("posterior_half_life", 20),
+        ("dense_prompts", True), ("min_prompt_keep_prob", 0.2), ("completion_prune_rate", 0.5),
+        ("completion_scheme", "length"), ("length_exponent", 1.0), ("min_completion_keep_prob", 0.2),
+        ("drop_zero_advantage", True), ("fixed_size_sampling", True), ("fixed_size_design", "sorted"),
+        ("packing", True), ("max_tokens_per_row", 128)]
+    # dppo_paper is what dppo was, as it was written by hand, in its order
+    assert list(METHOD_OVERRIDES["dppo_paper"].items()) == [
         ("pruning", "dppo"), ("prompt_prune_rate", 0.5), ("prompt_scheme", "paper"), ("min_prompt_keep_prob", 0.2),
         ("completion_prune_rate", 0.5), ("completion_scheme", "proportional"), ("min_completion_keep_prob", 0.2),
         ("drop_zero_advantage", True), ("fixed_size_sampling", True), ("packing", True), ("max_tokens_per_row", 128)]
@@ -459,7 +481,7 @@ def test_trl_dppo_is_the_dppo_configuration_run_by_trl_without_packing(tmp_path)
     for preset_ in BENCH_PRESETS.values():
         dppo = method_config(preset_, "dppo", 0, tmp_path)
         assert method_config(preset_, "trl_dppo", 0, tmp_path) == dppo.with_overrides(
-            {"packing": False, "output_dir": str(tmp_path / "runs/trl_dppo/seed-0")})
+            {"packing": False, "dense_prompts": False, "output_dir": str(tmp_path / "runs/trl_dppo/seed-0")})
     assert "trl_dppo" in BENCH_PRESETS["cpu-smoke"].methods
     assert "trl_dppo" not in BENCH_PRESETS["cpu-full"].methods  # not in the committed results
     # dppo's own command-line settings carry over to trl_dppo; trl_dppo's come after them
@@ -469,7 +491,7 @@ def test_trl_dppo_is_the_dppo_configuration_run_by_trl_without_packing(tmp_path)
     assert (trl.completion_prune_rate, trl.prompt_prune_rate, trl.packing) == (0.3, 0.25, False)
     assert method_config(smoke, "dppo", 0, tmp_path, overrides).prompt_prune_rate == 0.5
     assert bench.method_settings(BENCH_PRESETS["cpu-full"], "trl_dppo") == {
-        **METHOD_OVERRIDES["dppo"], **bench.CPU_BENCH_METHODS["dppo"], "packing": False}
+        **METHOD_OVERRIDES["dppo"], **bench.CPU_BENCH_METHODS.get("dppo", {}), "packing": False, "dense_prompts": False}
     # the peer's trainer gets DPPO's estimator of that configuration; TRL's plain GRPOTrainer gets nothing extra
     from dppo_core.bench.peers import peer_trainer_kwargs
     from dppo_core.estimator import DPPOEstimator
@@ -635,7 +657,8 @@ def test_the_strong_baselines_and_pods_are_what_their_names_say(tmp_path):
     # the two presets' grpo and grpo_skip runs are the same runs
     for m in ("grpo", "grpo_skip"):
         assert method_config(preset, m, 1, tmp_path) == method_config(peers, m, 1, tmp_path)
-    assert preset.methods == ("grpo", "grpo_skip", "dppo") and set(peers.methods) & set(preset.methods) == {
+    assert preset.methods == ("grpo", "grpo_skip", "dppo_paper", "dppo")
+    assert set(peers.methods) & set(preset.methods) == {
         "grpo", "grpo_skip"}
     # grpo_skip: the estimator with nothing pruned but the completions whose loss is identically zero (beta 0)
     assert skip.pruning == "dppo" and skip.prompt_prune_rate == skip.completion_prune_rate == 0.0

@@ -16,7 +16,11 @@ from dppo_core.config import ConfigError, DPPOConfig, field_docs, preset, preset
         ("epsilon", 1.5, "(0, 1)"),
         ("level_weights", (1.0,), "one per train level"),
         ("scale_rewards", "std", "group, batch, none"),
-        ("prompt_scheme", "top-k", "paper or proportional"),
+        ("prompt_scheme", "top-k", "paper, proportional, posterior"),
+        ("completion_scheme", "posterior", "paper, proportional, length"),
+        ("fixed_size_design", "stratified", "systematic, sorted, pivotal"),
+        ("posterior_half_life", 0.0, "> 0 steps"),
+        ("length_exponent", -0.5, ">= 0"),
         ("pruning", "random", "greso"),
     ],
 )
@@ -94,15 +98,17 @@ def test_train_help_lists_every_field_with_its_default_and_doc(capsys):
 # Preset inheritance: `base: PRESET` in a YAML file
 # --------------------------------------------------------------------------------------------------
 
-#: tiny-dppo.yaml as it was written out in full, before it said `base: tiny-grpo` and only what differs.
+#: tiny-dppo.yaml written out in full: tiny-grpo's fields and its own (the file says `base: tiny-grpo` and only
+#: what differs).
 TINY_DPPO_WRITTEN_OUT = {
     "model": "tiny", "task": "arithmetic", "train_levels": [2, 3, 4, 5], "num_generations": 8, "prompts_per_step": 32,
     "max_completion_length": 64, "temperature": 1.0, "learning_rate": 1.0e-4, "beta": 0.04, "loss_type": "grpo",
     "update_mode": "full", "rollout_engine": "hf", "micro_batch_size": 64, "max_steps": 100, "save_steps": 25,
     "eval_problems_per_level": 200, "eval_samples": 2, "pruning": "dppo", "prompt_prune_rate": 0.5,
-    "prompt_scheme": "paper", "min_prompt_keep_prob": 0.2, "completion_prune_rate": 0.5,
-    "completion_scheme": "proportional", "min_completion_keep_prob": 0.2, "drop_zero_advantage": True,
-    "fixed_size_sampling": True, "output_dir": "runs/tiny-dppo",
+    "prompt_scheme": "posterior", "posterior_half_life": 20, "dense_prompts": True, "min_prompt_keep_prob": 0.2,
+    "completion_prune_rate": 0.5, "completion_scheme": "length", "length_exponent": 1.0,
+    "min_completion_keep_prob": 0.2, "drop_zero_advantage": True, "fixed_size_sampling": True,
+    "fixed_size_design": "sorted", "output_dir": "runs/tiny-dppo",
 }
 
 
@@ -112,9 +118,10 @@ def test_tiny_dppo_is_tiny_grpo_plus_its_own_fields_and_resolves_as_before():
     assert preset("tiny-dppo") == DPPOConfig.from_dict(dict(TINY_DPPO_WRITTEN_OUT))
     assert (PRESETS_DIR / "tiny-dppo.yaml").read_text().count("\nbase: tiny-grpo\n") == 1
     own = preset_overrides("tiny-dppo")
-    assert list(own) == ["pruning", "prompt_prune_rate", "prompt_scheme", "min_prompt_keep_prob",
-                         "completion_prune_rate", "completion_scheme", "min_completion_keep_prob",
-                         "drop_zero_advantage", "fixed_size_sampling", "output_dir"]  # in the file's order
+    assert list(own) == ["pruning", "prompt_prune_rate", "prompt_scheme", "posterior_half_life", "dense_prompts",
+                         "min_prompt_keep_prob", "completion_prune_rate", "completion_scheme", "length_exponent",
+                         "min_completion_keep_prob", "drop_zero_advantage", "fixed_size_sampling",
+                         "fixed_size_design", "output_dir"]  # in the file's order
     assert preset("tiny-grpo").with_overrides(own) == preset("tiny-dppo")
     # a preset without a base states every field it sets
     assert preset_overrides("tiny-grpo")["train_levels"] == (2, 3, 4, 5)

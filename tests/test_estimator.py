@@ -166,3 +166,36 @@ def test_what_a_hand_written_loop_could_get_wrong_is_caught():
     state = CPPOEstimator().state_dict()
     with pytest.warns(UserWarning, match="written by a 'cppo' estimator"):
         est.load_state_dict(state)
+
+
+def test_the_length_scheme_asks_for_lengths():
+    """``completion_scheme='length'`` needs the completions' token counts: a clear error without them (the
+    trainer passes them: tests/test_trainer.py runs it, tests/test_unbiased.py through ``build_sequences``)."""
+    est = DPPOEstimator(completion_prune_rate=0.5, completion_scheme="length")
+    assert est.needs_lengths and not DPPOEstimator(completion_prune_rate=0.5).needs_lengths
+    adv = torch.tensor([[1.0, -1.0, 0.5, -0.5]])
+    with pytest.raises(ValueError, match="lengths"):
+        est.weigh(adv, step=0)
+    w = est.weigh(adv, step=0, lengths=torch.tensor([[4, 40, 4, 40]]))
+    assert w.keep.shape == adv.shape and w.num_sequences == 4
+
+
+def test_the_posterior_scheme_reads_the_history_with_its_half_life():
+    est = DPPOEstimator(prompt_prune_rate=0.5, prompt_scheme="posterior", posterior_half_life=3.0, group_size=4)
+    assert est.history.half_life == 3.0
+    for step in range(3):  # "a" solved three times, "b" half right
+        est.observe(["a", "b"], torch.tensor([[1.0, 1, 1, 1], [1.0, 0, 1, 0]]), torch.zeros(2, 4), step=step)
+    sel = est.select(["a", "b", "c", "d"], step=3)
+    assert sel.window == 4 and len(sel.probs) == len(sel.indices)
+    soon, later = (est.prompt_probs(["a", "b", "c", "d"], step=s) for s in (3, 60))
+    assert soon[0] < soon[1] and soon.sum() == pytest.approx(2.0)
+    assert later[0] > soon[0] + 0.05  # the evidence fades: the solved prompt drifts back towards the prior
+    never = DPPOEstimator(prompt_prune_rate=0.5, prompt_scheme="posterior", posterior_half_life=None, group_size=4)
+    never.history = est.history  # assigning a history gives it the estimator's half-life
+    assert never.history.half_life is None
+    ids = ["a", "b", "c", "d"]
+    assert torch.allclose(never.prompt_probs(ids, step=60), never.prompt_probs(ids, step=3))  # no discount
+    est.history = never.history
+    assert est.history.half_life == 3.0
+    est.load_state_dict(est.state_dict())
+    assert est.history.half_life == 3.0

@@ -8,7 +8,10 @@ and ``trainer.micro_batch_loss``, the loss ``update`` backpropagates). The outco
 
 * independent Bernoulli draws (``torch.rand(p.shape) < p``): every keep mask, probability Π p^k (1-p)^(1-k);
 * systematic PPS sampling (``fixed_size_sampling``): every unit order (n! of them, equally likely) and every
-  interval of the start u ∈ [0, 1) on which :func:`dppo_core.pruning.systematic_draw` keeps the same set.
+  interval of the start u ∈ [0, 1) on which :func:`dppo_core.pruning.systematic_draw` keeps the same set;
+* the sorted designs (``fixed_size_design``): every order the sort key allows (ties in a random order), and
+  then every start u (``sorted``) or every path through the coins of :func:`dppo_core.pruning.pivotal_draw`
+  (``pivotal``, each coin's two sides with their probabilities).
 
 The full-batch reference is GRPO over the same candidate window (every prompt and completion, weight 1),
 through the same code. Every supported combination of loss type, reward scaling, sampling design, dense
@@ -97,7 +100,10 @@ def run_step(config: DPPOConfig, estimator, ids: list[str], theta: Params, size:
     kept = [ids[i] for i in sel.indices]
     rewards = torch.tensor([REWARDS[q] for q in kept]).view(len(kept), G)
     adv = group_advantages(rewards, config.scale_rewards)
-    weighting = estimator.weigh(adv, sel, STEP)
+    if getattr(estimator, "needs_lengths", False):
+        weighting = estimator.weigh(adv, sel, STEP, lengths=torch.tensor([LENGTHS[q] for q in kept]).view(-1, G))
+    else:
+        weighting = estimator.weigh(adv, sel, STEP)
     batch = RolloutBatch([RolloutGroup(q, [1, 2], [Completion(list(range(3, 3 + n)), "", [], "stop")
                                                    for n in LENGTHS[q]]) for q in kept])
     seqs = DPPOTrainer.sequences(batch, adv, weighting)
@@ -131,11 +137,22 @@ def _bernoulli_outcomes(p: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
     return out
 
 
-def _systematic_outcomes(p: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-    n = p.numel()
+def _orders(n: int, order_key: torch.Tensor | None) -> list[tuple[torch.Tensor, float]]:
+    """Every unit order a fixed-size design can walk, with its probability: all n! (random order), or those
+    sorted by ``order_key`` with ties in every order (the design breaks them at random)."""
+    if order_key is None:
+        return [(torch.tensor(perm), 1 / math.factorial(n)) for perm in itertools.permutations(range(n))]
+    key = torch.as_tensor(order_key, dtype=torch.float64).tolist()
+    ties = [[j for j in range(n) if key[j] == v] for v in sorted(set(key))]
+    out = []
+    for combo in itertools.product(*[itertools.permutations(t) for t in ties]):
+        out.append((torch.tensor([j for t in combo for j in t]), 1 / math.prod(math.factorial(len(t)) for t in ties)))
+    return out
+
+
+def _systematic_outcomes(p: torch.Tensor, order_key: torch.Tensor | None = None) -> list[tuple[torch.Tensor, float]]:
     found: dict[tuple[bool, ...], float] = {}
-    for perm in itertools.permutations(range(n)):
-        order = torch.tensor(perm)
+    for order, weight in _orders(p.numel(), order_key):
         cum = torch.cumsum(p[order], 0)
         cum = torch.where((cum - cum.round()).abs() < 1e-9, cum.round(), cum)  # as systematic_draw snaps
         cuts = sorted({0.0, 1.0, *[float(c - math.floor(c)) for c in cum]})
@@ -143,18 +160,58 @@ def _systematic_outcomes(p: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
             if b > a:  # the kept set is constant for u in (a, b)
                 keep = pruning.systematic_draw(p, order, (a + b) / 2)
                 key = tuple(keep.tolist())
-                found[key] = found.get(key, 0.0) + (b - a) / math.factorial(n)
+                found[key] = found.get(key, 0.0) + (b - a) * weight
     return [(torch.tensor(k, dtype=torch.bool), v) for k, v in found.items()]
 
 
-def outcomes(probs: torch.Tensor, fixed_size: bool) -> list[tuple[torch.Tensor, float]]:
-    """Every result of ``pruning.sample_keep(probs, ..., fixed_size)`` with its probability (rows independent)."""
+def _pivotal_outcomes(p: torch.Tensor, order_key: torch.Tensor | None = None,
+                      draw=pruning.pivotal_draw) -> list[tuple[torch.Tensor, float]]:
+    """Every path through the coins of ``draw`` (the package's pivotal_draw), for every order."""
+    found: dict[tuple[bool, ...], float] = {}
+    for order, weight in _orders(p.numel(), order_key):
+        path: list[bool] = []
+        while True:
+            pos, prob = 0, weight
+
+            def coin(q, path=path):
+                nonlocal pos, prob
+                if pos == len(path):
+                    path.append(True)
+                side = path[pos]
+                prob *= q if side else 1 - q
+                pos += 1
+                return side
+
+            keep = draw(p, order, coin)
+            del path[pos:]
+            if prob > 0:
+                key = tuple(keep.tolist())
+                found[key] = found.get(key, 0.0) + prob
+            while path and not path[-1]:  # next path: the last True side becomes False
+                path.pop()
+            if not path:
+                break
+            path[-1] = False
+    return [(torch.tensor(k, dtype=torch.bool), v) for k, v in found.items()]
+
+
+def outcomes(probs: torch.Tensor, fixed_size: bool, design: str = "systematic",
+             order_key: torch.Tensor | None = None) -> list[tuple[torch.Tensor, float]]:
+    """Every result of ``pruning.sample_keep(probs, ..., fixed_size, design=, order_key=)`` with its probability
+    (rows independent)."""
     p = torch.as_tensor(probs, dtype=torch.float64)
-    one = _systematic_outcomes if fixed_size else _bernoulli_outcomes
+    key = None if order_key is None or design == "systematic" else torch.as_tensor(order_key, dtype=torch.float64)
+
+    def one(row, row_key):
+        if not fixed_size:
+            return _bernoulli_outcomes(row)
+        return (_pivotal_outcomes if design == "pivotal" else _systematic_outcomes)(row, row_key)
+
     if p.ndim == 1:
-        return one(p)
+        return one(p, key)
     out = []
-    for combo in itertools.product(*[one(row) for row in p]):
+    rows = [one(row, None if key is None else key[q]) for q, row in enumerate(p)]
+    for combo in itertools.product(*rows):
         out.append((torch.stack([k for k, _ in combo]), math.prod(v for _, v in combo)))
     return out
 
@@ -170,11 +227,13 @@ class Enumerator:
     def start(self):
         self.pos, self.prob = 0, 1.0
 
-    def sample_keep(self, probs, generator=None, fixed_size=False):
+    def sample_keep(self, probs, generator=None, fixed_size=False, *, design="systematic", order_key=None):
         p = torch.as_tensor(probs, dtype=torch.float64)
-        key = (p.numpy().tobytes(), tuple(p.shape), fixed_size)
+        okey = None if order_key is None else torch.as_tensor(order_key, dtype=torch.float64)
+        okey_bytes = None if okey is None else okey.numpy().tobytes()
+        key = (p.numpy().tobytes(), tuple(p.shape), fixed_size, design, okey_bytes)
         if key not in self.cache:
-            self.cache[key] = outcomes(p, fixed_size)
+            self.cache[key] = outcomes(p, fixed_size, design, okey)
             assert abs(sum(v for _, v in self.cache[key]) - 1) < 1e-12
         dist = self.cache[key]
         if self.pos == len(self.path):
@@ -248,14 +307,19 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALINGS = ("group", "none", "batch")
 
 
+DESIGNS = {"bernoulli": dict(fixed_size_sampling=False), "systematic": dict(fixed_size_sampling=True),
+           "sorted": dict(fixed_size_sampling=True, fixed_size_design="sorted"),
+           "pivotal": dict(fixed_size_sampling=True, fixed_size_design="pivotal")}
+
+
 @pytest.mark.parametrize("dense", [False, True], ids=["window", "dense"])
-@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
+@pytest.mark.parametrize("design", list(DESIGNS))
 @pytest.mark.parametrize("scale_rewards", SCALINGS)
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_every_combination_is_exact_or_refused(monkeypatch, loss_type, scale_rewards, fixed_size, dense):
+def test_every_combination_is_exact_or_refused(monkeypatch, loss_type, scale_rewards, design, dense):
     """KL on and a PPO ratio ≠ 1 (clipping active): the hardest case for each combination."""
-    settings = dict(loss_type=loss_type, scale_rewards=scale_rewards, fixed_size_sampling=fixed_size,
-                    dense_prompts=dense, prompt_window_factor=2)
+    settings = dict(loss_type=loss_type, scale_rewards=scale_rewards, dense_prompts=dense, prompt_window_factor=2,
+                    **DESIGNS[design])
     if dense:
         settings["prompts_per_step"] = 2
     if loss_type == "dapo" or scale_rewards == "batch":
@@ -269,42 +333,80 @@ def test_every_combination_is_exact_or_refused(monkeypatch, loss_type, scale_rew
     assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
 
 
-@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
-@pytest.mark.parametrize("schemes", [("paper", "paper"), ("proportional", "proportional"), ("paper", "proportional")],
+@pytest.mark.parametrize("design", list(DESIGNS))
+@pytest.mark.parametrize("schemes", [("paper", "paper"), ("proportional", "proportional"), ("paper", "proportional"),
+                                     ("posterior", "length"), ("posterior", "proportional")],
                          ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("beta,drop_zero", [(0.0, True), (0.0, False), (0.04, True)])
-def test_schemes_kl_and_zero_advantage_dropping_are_exact(monkeypatch, schemes, beta, drop_zero, fixed_size):
-    """Both keep-probability schemes, with and without the KL term; with β = 0, A = 0 completions get p = 0."""
+def test_schemes_kl_and_zero_advantage_dropping_are_exact(monkeypatch, schemes, beta, drop_zero, design):
+    """Every keep-probability scheme and design, with and without the KL term; with β = 0, A = 0 completions get
+    p = 0."""
     config = dppo_config(prompt_scheme=schemes[0], completion_scheme=schemes[1], beta=beta, num_iterations=1,
-                         drop_zero_advantage=drop_zero, fixed_size_sampling=fixed_size)
+                         drop_zero_advantage=drop_zero, **DESIGNS[design])
     loss_bias, grad_bias, n = relative_bias(monkeypatch, config)
     print(f"{n} outcomes: relative bias of the loss {loss_bias:.1e}, of the gradient {grad_bias:.1e}")
     assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
 
 
-def test_the_systematic_sampler_keeps_each_unit_with_its_probability():
-    """Inclusion probabilities of the fixed-size design, exactly, for pools with integral and fractional Σp."""
-    for p in ([0.5, 0.5, 1.0, 0.2, 0.8], [0.3, 0.45, 0.9, 0.15], [1 / 3, 2 / 3, 1.0, 0.0, 0.25]):
+POOLS = ([0.5, 0.5, 1.0, 0.2, 0.8], [0.3, 0.45, 0.9, 0.15], [1 / 3, 2 / 3, 1.0, 0.0, 0.25], [0.6, 0.7, 0.3, 0.4, 0.5])
+KEYS = ([3.0, -1.0, 0.5, 0.5, 2.0], [0.0, 1.0, -2.0, 1.0], None, [1.0, 1.0, 1.0, -1.0, -1.0])  # with ties
+
+
+@pytest.mark.parametrize("design", ["systematic", "sorted", "pivotal"])
+def test_each_fixed_size_design_keeps_each_unit_with_its_probability(design):
+    """Inclusion probabilities of every fixed-size design, exactly, for pools with integral and fractional Σp,
+    in a random order and sorted by a key with ties; and a constant count."""
+    for p, key in zip(POOLS, KEYS, strict=True):
         p = torch.tensor(p, dtype=torch.float64)
-        incl = sum(v * k.double() for k, v in _systematic_outcomes(p))
-        assert (incl - p).abs().max() < 1e-12
-        sizes = {int(k.sum()) for k, _ in _systematic_outcomes(p)}
-        assert sizes <= {math.floor(float(p.sum())), math.ceil(float(p.sum()))}
+        found = outcomes(p, True, design, None if key is None else torch.tensor(key))
+        assert abs(sum(v for _, v in found) - 1) < 1e-12
+        incl = sum(v * k.double() for k, v in found)
+        assert (incl - p).abs().max() < 1e-12, f"{design}: {incl.tolist()} against {p.tolist()}"
+        sizes = {int(k.sum()) for k, _ in found}
+        assert sizes <= {math.floor(float(p.sum()) + 1e-9), math.ceil(float(p.sum()) - 1e-9)}
+
+
+def test_the_enumeration_sees_a_wrong_pivotal_coin():
+    """The power of the inclusion test: a pivotal step whose survivor is chosen 50:50 instead of a : b is off."""
+
+    def fair_coin_pivotal(p, order, coin):
+        return pruning.pivotal_draw(p, order, lambda q: coin(0.5 if q < 1 else q))
+
+    p = torch.tensor([0.3, 0.45, 0.9, 0.15], dtype=torch.float64)
+    found = _pivotal_outcomes(p, torch.tensor([0.0, 1.0, -2.0, 1.0]), draw=fair_coin_pivotal)
+    incl = sum(v * k.double() for k, v in found)
+    assert (incl - p).abs().max() > 0.05
+
+
+def test_the_sorted_designs_spread_the_kept_set_over_the_key():
+    """What the sorted designs are for: with half of a group kept, the kept set of a sorted design always holds
+    both signs of the advantage; a random order sometimes keeps only one."""
+    p = torch.full((6,), 0.5, dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.2, 0.8, -1.0, -0.9, -1.1])
+    for design, one_sided in (("systematic", True), ("sorted", False), ("pivotal", False)):
+        found = outcomes(p, True, design, adv)
+        mass = sum(v for k, v in found if bool((adv[k] > 0).all()) or bool((adv[k] < 0).all()))
+        assert (mass > 0) == one_sided, f"{design}: P(one sign only) = {mass}"
 
 
 # --- mutants: the mistakes an implementation is likely to make must show a bias --------------------------
 
 
+VARIANCE_AWARE = dict(prompt_scheme="posterior", completion_scheme="length", length_exponent=1.0)
+
+
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
-@pytest.mark.parametrize("fixed_size", [False, True], ids=["bernoulli", "systematic"])
-def test_mutants_are_biased(monkeypatch, mutant, fixed_size):
-    config = dppo_config(fixed_size_sampling=fixed_size, beta=0.0, num_iterations=1)
+@pytest.mark.parametrize("design", list(DESIGNS))
+@pytest.mark.parametrize("schemes", [{}, VARIANCE_AWARE], ids=["paper-proportional", "posterior-length"])
+def test_mutants_are_biased(monkeypatch, mutant, design, schemes):
+    config = dppo_config(beta=0.0, num_iterations=1, **DESIGNS[design], **schemes)
     est = mutant.from_config(config)
     est.history = _history()
     if mutant is StalePromptProbs:
         est.stale = _history(until=STEP - 1)
     loss_bias, grad_bias, _ = relative_bias(monkeypatch, config, estimator=est)
-    print(f"{mutant.__name__} ({'systematic' if fixed_size else 'Bernoulli'}): relative bias of the gradient "
+    print(f"{mutant.__name__} ({design}, {config.prompt_scheme}/{config.completion_scheme}): relative bias of the "
+          "gradient "
           f"{grad_bias:.3g}")  # shown with pytest -s (docs/estimator.md quotes them)
     assert grad_bias > 0.01, f"{mutant.__name__}: gradient bias only {grad_bias:.2e}"
     # and the real estimator, same setting, passes
@@ -402,3 +504,13 @@ def test_grpo_skip_trains_on_fewer_completions_with_grpos_exact_gradient(monkeyp
     w = est.weigh(group_advantages(rewards), est.select(ids, STEP), STEP)
     # skipped: q5's whole group (all rewards equal) and q1's middle completion (its reward is the group's mean)
     assert w.keep.sum() == 5 and w.weights[w.keep].eq(1).all()
+
+
+@pytest.mark.parametrize("design", ["bernoulli", "systematic", "pivotal"])
+@pytest.mark.parametrize("target", [2.0, 4.0])
+def test_the_adaptive_completion_rate_is_exact(monkeypatch, design, target):
+    """``completion_target_ess``: the rate is chosen per step from the advantages and π (before the draw)."""
+    config = dppo_config(completion_target_ess=target, completion_prune_rate=0.7, beta=0.0, num_iterations=1,
+                         **DESIGNS[design])
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, config)
+    assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"

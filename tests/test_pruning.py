@@ -9,15 +9,19 @@ from hypothesis import strategies as st
 
 from dppo_core.pruning import (
     PromptHistory,
+    adaptive_rate,
+    beta_binomial_pmf,
     completion_keep_probs,
     cppo_keep,
     dense_window,
     effective_sample_size,
+    expected_ess,
     fit_budget,
     greso_keep_probs,
     importance_weights,
     keep_probs_from_scores,
     pods_keep,
+    posterior_scores,
     prompt_keep_probs,
     sample_keep,
     step_generator,
@@ -202,3 +206,152 @@ def test_step_generator_is_a_function_of_seed_step_and_stage():
     assert torch.equal(a, torch.rand(3, generator=step_generator(0, 5, "prompts")))
     assert not torch.equal(a, torch.rand(3, generator=step_generator(0, 6, "prompts")))
     assert not torch.equal(a, torch.rand(3, generator=step_generator(0, 5, "completions")))
+
+
+# --- variance-aware schemes (#22): a posterior over prompts, a token budget over completions ---------------
+
+
+def test_history_keeps_discounted_evidence_and_old_records_still_load():
+    h = PromptHistory(half_life=10.0)
+    h.update(["p"], torch.tensor([[1.0, 1, 1, 0]]), torch.zeros(1, 4), step=0)
+    h.update(["p"], torch.tensor([[1.0, 1, 0, 0]]), torch.zeros(1, 4), step=10)
+    # the first group counts half at step 10: 0.5 * (3, 1) + (2, 2)
+    assert h.evidence("p", 10) == pytest.approx((3.5, 2.5))
+    assert h.evidence("p", 20) == pytest.approx((1.75, 1.25))  # and half again ten steps on
+    assert h.evidence("unseen", 20) == (0.0, 0.0)
+    again = PromptHistory.from_state_dict(h.state_dict(), half_life=10.0)
+    assert again.evidence("p", 20) == pytest.approx(h.evidence("p", 20))
+    old = {"records": {"q": {"mean_reward": 0.75, "reward_std": 0.4, "mean_abs_advantage": 0.8, "step": 1, "seen": 1}}}
+    assert PromptHistory.from_state_dict(old).evidence("q", 1) == pytest.approx((0.75, 0.25))
+    assert PromptHistory(half_life=None).half_life is None
+
+
+def test_beta_binomial_and_the_posterior_score_match_their_definitions():
+    pmf = beta_binomial_pmf(2.0, 3.0, 4)
+    # Monte Carlo over p ~ Beta(2, 3), k ~ Binomial(4, p)
+    gen = torch.Generator().manual_seed(0)
+    p = torch.distributions.Beta(2.0, 3.0).sample((200_000,))
+    k = torch.binomial(torch.full_like(p, 4.0), p, generator=gen)
+    freq = torch.bincount(k.long(), minlength=5).double() / p.numel()
+    assert abs(pmf.sum() - 1) < 1e-12 and (torch.from_numpy(pmf) - freq).abs().max() < 5e-3
+    h = PromptHistory()
+    g = 8
+    unseen = float(posterior_scores(h, ["new"], g)[0])
+    assert unseen == pytest.approx(math.sqrt(1 - 2 / (g + 1)))  # uniform prior: E[p^G] = 1 / (G + 1)
+    h.update(["solved", "mixed"], torch.tensor([[1.0] * 8, [1.0] * 4 + [0.0] * 4]), torch.zeros(2, 8), step=0)
+    h.update(["solved"], torch.ones(1, 8), torch.zeros(1, 8), step=1)
+    s = posterior_scores(h, ["solved", "mixed", "new"], g, step=1).tolist()
+    assert s[0] < min(s[1], s[2])  # twice solved is the least informative
+    # Beta(17, 1): P(informative) = 1 - E[p^8] - E[(1-p)^8] with E[p^8] = 17/25
+    all_wrong = math.exp(math.lgamma(9) + math.lgamma(18) - math.lgamma(26))  # E[(1-p)^8] = B(17, 9) / B(17, 1)
+    assert s[0] ** 2 == pytest.approx(1 - 17 / 25 - all_wrong, rel=1e-9)
+    # evidence fades: long after, the solved prompt is nearly back at the prior
+    h.half_life = 5.0
+    assert float(posterior_scores(h, ["solved"], g, step=61)[0]) == pytest.approx(unseen, abs=1e-3)
+    # unscaled advantages: the rewards' variance k (G - k) / G², not the informative indicator
+    none = float(posterior_scores(PromptHistory(), ["new"], 2, scale_rewards="none")[0])
+    assert none**2 == pytest.approx(1 / 3 * 0.25)  # P(k = 1) = 1/3 under the uniform prior, variance 1/4
+
+
+def test_posterior_prompt_scheme_spends_the_budget_where_signal_is_likely():
+    h = PromptHistory()
+    for step in range(3):
+        h.update(["solved", "mixed"], torch.tensor([[1.0] * 8, [1.0] * 3 + [0.0] * 5]), torch.zeros(2, 8), step=step)
+    ids = ["solved", "mixed", "new", "new2"]
+    p = prompt_keep_probs(h, ids, 0.5, scheme="posterior", min_keep_prob=0.1, step=3, group_size=8)
+    assert p.sum() == pytest.approx(2.0) and (p >= 0.1).all() and (p <= 1).all()
+    assert p[0] < p[2] and p[0] < p[1]
+    # nothing is forced to 1: an unseen prompt is scored by the prior, not kept for sure
+    assert p[2] < 1
+    with pytest.raises(ValueError, match="scheme"):
+        prompt_keep_probs(h, ids, 0.5, scheme="length")
+
+
+def test_fit_budget_with_costs_hits_the_expected_cost():
+    scores = torch.tensor([3.0, 1.0, 0.5, 0.0, 2.0])
+    costs = torch.tensor([10.0, 40.0, 5.0, 20.0, 25.0])
+    p = fit_budget(scores, 40.0, 0.1, costs)
+    assert float((p * costs).sum()) == pytest.approx(40.0)
+    assert p[3] == pytest.approx(0.1) and (p <= 1).all()
+    inner = (p > 0.1 + 1e-9) & (p < 1 - 1e-9)
+    ratio = p[inner] / scores[inner]
+    assert torch.allclose(ratio, ratio[0].expand_as(ratio))
+    with pytest.raises(ValueError, match="costs"):
+        fit_budget(scores, 40.0, 0.1, torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]))
+
+
+def test_length_scheme_keeps_a_fraction_of_the_tokens_and_prefers_short_large_advantages():
+    adv = torch.tensor([[1.0, -1.0, 0.5, 0.0, -0.5, 1.0]])
+    lengths = torch.tensor([[10, 40, 10, 30, 5, 40]])
+    p = completion_keep_probs(adv, 0.5, scheme="length", lengths=lengths, min_keep_prob=0.1, length_exponent=0.5)
+    assert p[0, 3] == 0  # A = 0, beta 0: dropped at no bias
+    assert float((p * lengths).sum()) == pytest.approx(0.5 * float(lengths.sum()))
+    assert p[0, 0] > p[0, 5]  # the same |A|, four times the length
+    free = (p > 0.1 + 1e-9) & (p < 1 - 1e-9)
+    score = adv.abs() / lengths.double() ** 0.5
+    assert torch.allclose((p / score)[free], (p / score)[free][0].expand(int(free.sum())))
+    with pytest.raises(ValueError, match="lengths"):
+        completion_keep_probs(adv, 0.5, scheme="length")
+    with pytest.raises(ValueError, match="shape"):
+        completion_keep_probs(adv, 0.5, scheme="length", lengths=torch.ones(2, 6))
+    with pytest.raises(ValueError, match="scheme"):
+        completion_keep_probs(adv, 0.5, scheme="posterior")
+
+
+def test_sample_keep_sorts_by_the_key_so_a_group_keeps_both_signs():
+    """Through ``sample_keep`` itself: half of a group kept by a sorted design always has both signs of the
+    advantage; in a random order (or with the key ignored) some draws keep one sign only."""
+    p = torch.full((6,), 0.5, dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.2, 0.8, -1.0, -0.9, -1.1])
+    gen = torch.Generator().manual_seed(0)
+    for design, one_sided_possible in (("systematic", True), ("sorted", False), ("pivotal", False)):
+        one_sided = 0
+        for _ in range(1000):
+            keep = sample_keep(p, gen, True, design=design, order_key=adv)
+            assert int(keep.sum()) == 3
+            one_sided += bool((adv[keep] > 0).all() or (adv[keep] < 0).all())
+        assert (one_sided > 0) == one_sided_possible, f"{design}: {one_sided} one-sided draws of 1000"
+
+
+@pytest.mark.parametrize("design", ["systematic", "sorted", "pivotal"])
+def test_every_fixed_size_design_matches_its_probabilities_by_frequency(design):
+    p = torch.tensor([[0.2, 0.9, 0.5, 0.4, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)
+    key = torch.tensor([[1.0, -2.0, 0.5, 0.5, 3.0, 0.0], [1.0, -1.0, 2.0, -2.0, 0.1, -0.1]])
+    gen = torch.Generator().manual_seed(5)
+    n = 4000
+    total = torch.zeros_like(p)
+    for _ in range(n):
+        keep = sample_keep(p, gen, True, design=design, order_key=key)
+        assert int(keep[0].sum()) == 3 and int(keep[1].sum()) == 3
+        total += keep.double()
+    assert (total / n - p).abs().max() < 0.035  # about 4.5 standard errors at p = 0.5
+    with pytest.raises(ValueError, match="design"):
+        sample_keep(p, gen, True, design="stratified")
+    with pytest.raises(ValueError, match="order_key"):
+        sample_keep(p, gen, True, design=design, order_key=torch.ones(3))
+
+
+def test_expected_ess_and_the_adaptive_rate():
+    pi = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    p = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.5, 0.0]], dtype=torch.float64)
+    # items: weights 1, 1 (π = 1, p = 1); 2 (π = .5, p = 1) and 4 (π = .5, p = .5) -> (1+1+2+2)² / (1+1+4+8)
+    assert expected_ess(pi, p) == pytest.approx(36 / 14)
+    # by Monte Carlo: E[Σw]² / E[Σw²] over independent completion draws of the rolled-out prompts
+    gen = torch.Generator().manual_seed(1)
+    keep = torch.rand(20000, 2, 3, generator=gen) < p
+    w = keep.double() / (pi[:, None] * p.clamp(min=1e-9))
+    assert (w.sum((1, 2)).mean() ** 2 / (w**2).sum((1, 2)).mean()).item() == pytest.approx(36 / 14, rel=0.03)
+    adv = torch.tensor([[1.0, -1.0, 0.5, -0.5, 1.2, -1.2, 0.3, -0.3]] * 4)
+
+    def at(r):
+        return completion_keep_probs(adv, r, min_keep_prob=0.1)
+
+    ones = torch.ones(4, dtype=torch.float64)
+    full = expected_ess(ones, at(0.0))
+    assert full == pytest.approx(32.0)
+    r = adaptive_rate(ones, 20.0, 0.7, at)
+    assert expected_ess(ones, at(r)) >= 20.0 and (r == 0.7 or expected_ess(ones, at(r + 0.05)) < 20.0)
+    assert adaptive_rate(ones, 40.0, 0.7, at) == 0.0  # unreachable: nothing pruned
+    assert adaptive_rate(ones, 1.0, 0.5, at) == 0.5  # never more than the configured rate
+    with pytest.raises(ValueError, match="target_ess"):
+        adaptive_rate(ones, 0.0, 0.5, at)

@@ -232,9 +232,14 @@ def test_dppo_with_every_keep_probability_one_is_grpo_step_for_step(small_model_
         assert torch.equal(x, y), name
 
 
-def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, tmp_path):
+@pytest.mark.parametrize("schemes", [
+    dict(prompt_scheme="proportional"),
+    # the variance-aware schemes: a posterior over prompts, a token budget over completions, a sorted design
+    dict(prompt_scheme="posterior", completion_scheme="length", fixed_size_design="pivotal", posterior_half_life=2.0),
+], ids=["proportional", "posterior-length-pivotal"])
+def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, tmp_path, schemes):
     kw = dict(max_steps=4, pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
-              prompt_scheme="proportional", fixed_size_sampling=True, dense_prompts=True, prompts_per_step=4)
+              fixed_size_sampling=True, dense_prompts=True, prompts_per_step=4, **schemes)
     full = _trainer(_config(small_model_dir, tmp_path / "a", **kw))
     full.prompts.rows = full.prompts.rows[:6]  # a small dataset, so prompts recur and their history is used
     full.prompts.weights = None

@@ -233,6 +233,22 @@ def test_dppo_gradient_is_unbiased(setup, beta, iterations, scheme, fixed_size):
     assert (coefs == 0).any() and (est != 0).any()
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("design", ["sorted", "pivotal"])
+def test_the_variance_aware_default_is_unbiased(setup, beta, design):
+    """tiny-dppo's schemes: prompts by the posterior, completions ∝ |A| / length, a sorted or pivotal design;
+    through ``build_sequences``, which hands the completions' lengths to the estimator. (No dense prompts: the
+    step's candidates are given, so they are the window.)"""
+    grads = _loss_terms(setup, beta, 1)
+    est, coefs = _estimates(setup, grads, beta=beta, num_iterations=1, prompt_prune_rate=0.5,
+                            completion_prune_rate=0.5, prompt_scheme="posterior", completion_scheme="length",
+                            length_exponent=1.0, fixed_size_sampling=True, fixed_size_design=design)
+    rejected, report = _rejected(setup, grads, est, coefs)
+    print(f"dppo posterior/length {design} beta={beta}: {report}")
+    assert not rejected, report
+    assert (coefs == 0).any() and (est != 0).any()
+
+
 @pytest.mark.parametrize("baseline", [dict(pruning="cppo", completion_prune_rate=0.5),
                                       dict(pruning="greso", prompt_prune_rate=0.5)])
 def test_biased_baselines_are_rejected_by_the_same_test(setup, baseline):

@@ -42,7 +42,8 @@ Departures of the TRL peers (``trl_grpo``, ``trl_dppo``; :func:`trl_grpo_args`) 
    minus rollout and reward, so it also holds TRL's reference forward and bookkeeping.
 5. ``trl_dppo`` is the dppo configuration run by ``DPPOGRPOTrainer`` (``dppo_core.integrations.trl``) with
    DPPO's estimator (:func:`dppo_core.estimator.make_estimator`); like ``trl_grpo`` it pads instead of
-   packing, so it has ``packing: false``.
+   packing, so it has ``packing: false``, and TRL's sampler draws a fixed generation batch, so it has
+   ``dense_prompts: false`` (the candidate window is the batch).
 
 The package: :mod:`~dppo_core.bench.presets` (methods, presets, configurations), :mod:`~dppo_core.bench.run`
 (running the bench), :mod:`~dppo_core.bench.peers` and :mod:`~dppo_core.bench.trl_runner` (the TRL

@@ -17,7 +17,8 @@ from dppo_core.config import DPPOConfig, preset_overrides
 from dppo_core.config import preset as training_preset
 
 #: Every method the bench knows, in the order of the plots' colours.
-METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods")
+METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
+                            "dppo_paper")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -38,8 +39,8 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "greso": {"pruning": "greso", "prompt_prune_rate": 0.5},
     "trl_grpo": {"pruning": "none"},  # the grpo configuration, run by TRL's GRPOTrainer
     # dppo's configuration (see DERIVED_METHODS), run by TRL's GRPOTrainer with DPPO's estimator; it pads
-    # its batches as TRL does (no packing)
-    "trl_dppo": {"packing": False},
+    # its batches as TRL does (no packing), and TRL draws a fixed generation batch (no dense prompts)
+    "trl_dppo": {"packing": False, "dense_prompts": False},
     # the strong GRPO baseline: drops exactly the completions whose loss is identically zero (A = 0 with
     # beta = 0; the estimator with both prune rates 0 gives them probability 0 and every other weight 1) and
     # packs what it trains, like dppo; its gradient equals grpo's (tests/test_exact_expectation.py)
@@ -49,6 +50,13 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "grpo_half": {"pruning": "none"},
     # PODS (Xu et al. 2025): roll out G, train on the half whose rewards vary most, no weights
     "pods": {"pruning": "pods", "completion_prune_rate": 0.5},
+    # DPPO as the paper has it, made unbiased (what dppo was before the variance-aware schemes): prompts by their
+    # last group's mean |A| (the lower half kept with 1 - r), completions proportional to |A|, systematic
+    # fixed-size sampling in a random order, no dense prompts; packed like dppo
+    "dppo_paper": {"pruning": "dppo", "prompt_prune_rate": 0.5, "prompt_scheme": "paper", "min_prompt_keep_prob": 0.2,
+                   "completion_prune_rate": 0.5, "completion_scheme": "proportional", "min_completion_keep_prob": 0.2,
+                   "drop_zero_advantage": True, "fixed_size_sampling": True, "packing": True,
+                   "max_tokens_per_row": 128},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
@@ -104,12 +112,16 @@ class BenchPreset:
 #: A = 0 has an identically zero loss, so DPPO drops those exactly (``drop_zero_advantage``) and GRPO skips
 #: the reference model's forward: both get cheaper, and what DPPO saves on top is its pruning.
 CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
-#: DPPO's prompt pruning in the CPU comparisons: the lower half of the candidates by history (mean |A|
-#: of their last group; degenerate groups score 0) is kept with probability 0.2 and weighted 5. Chosen
-#: on seed 0 (benchmarks/results/archive/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
-#: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step);
-#: GRESO skips at the same rate.
-CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo": {"prompt_prune_rate": 0.8}, "greso": {"prompt_prune_rate": 0.8}}
+#: The paper scheme's prompt pruning in the CPU comparisons (``dppo_paper``, what ``dppo`` was before the
+#: variance-aware schemes): the lower half of the candidates by history (mean |A| of their last group; degenerate
+#: groups score 0) is kept with probability 0.2 and weighted 5. Chosen on seed 0
+#: (benchmarks/results/archive/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
+#: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step); GRESO
+#: skips at the same rate. ``dppo`` itself runs the tiny-dppo preset as it is (posterior prompt scheme with dense
+#: prompts, length-aware completion scheme, sorted design), chosen on seed 0 among 17 variants
+#: (benchmarks/results/ablation/) and by the variance per unit of cost (benchmarks/results/variance_cost.md).
+CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo_paper": {"prompt_prune_rate": 0.8},
+                                                "greso": {"prompt_prune_rate": 0.8}}
 #: The cpu-full setting (a pool of 256 prompts, 60 steps, 400 held-out problems x 2 samples every 10 steps),
 #: shared by cpu-baselines and cpu-peers so their grpo and grpo_skip runs are the same runs. The learning rate
 #: (tiny-grpo's 1e-4, constant) is the tuned one for grpo, grpo_skip and dppo: the same three rates each (5e-5,
@@ -142,12 +154,12 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
         runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
-        "cpu-baselines", "DPPO against the GRPO that frameworks run (grpo) and the strong one (grpo_skip: the "
-                         "zero-loss completions skipped) on the cpu-full setting, five seeds with paired confidence "
-                         "intervals",
-        base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo"),
+        "cpu-baselines", "DPPO and the paper's scheme (dppo_paper) against the GRPO that frameworks run (grpo) and "
+                         "the strong one (grpo_skip: the zero-loss completions skipped) on the cpu-full setting, five "
+                         "seeds with paired confidence intervals",
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo_paper", "dppo"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
-        runtime="about 35 minutes on 2 CPU cores (15 runs of 1.5-3 minutes); --seeds 1 for a first look"),
+        runtime="about 45 minutes on 2 CPU cores (20 runs of 1.5-3 minutes); --seeds 1 for a first look"),
     BenchPreset(
         "cpu-peers", "the other ways to spend less per step, against grpo and grpo_skip on the cpu-baselines "
                      "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary most), "

@@ -177,7 +177,8 @@ def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
 
 def format_table(result: Mapping[str, Any]) -> str:
     """The results as a fixed-width table: one row per method."""
-    head = (f"{'method':<9} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
+    w = max(9, *(len(name) for name in result["methods"]))
+    head = (f"{'method':<{w}} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
             f"{'x step':>6} {'x wall':>6} {'x target':>8} {'bound':>6} {'of bound':>8} {'generated':>10} "
             f"{'trained':>10} {'density':>7}")
     lines = [head]
@@ -188,7 +189,7 @@ def format_table(result: Mapping[str, Any]) -> str:
         after = f"{_fmt(acc['after'])} ± {_fmt(acc['after_std'])}"
         ttt = _fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
         lines.append(
-            f"{name:<9} {m['steps']:>5} {_fmt(acc['before']):>10} {after:>15} {ttt:>9} "
+            f"{name:<{w}} {m['steps']:>5} {_fmt(acc['before']):>10} {after:>15} {ttt:>9} "
             f"{m['step_time_s']['median']:>7.2f} {_fmt(sp['step_time'], '.2f'):>6} {_fmt(sp['wall'], '.2f'):>6} "
             f"{_fmt(sp['time_to_target'], '.2f'):>8} {_fmt(result['token_cost_bound'][name], '.2f'):>6} "
             f"{_fmt(result['fraction_of_bound'][name], '.2f'):>8} {tokens['generated']:>10,} {tokens['trained']:>10,} "

@@ -194,7 +194,10 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if "pixel_values" in batch:
             raise NotImplementedError("DPPOGRPOTrainer supports text prompts only (see its departures)")
         advantages = batch["advantages"].detach().to("cpu", torch.float64).view(-1, g)
-        weighting = self.estimator.weigh(advantages, selection, step)
+        extra = {}
+        if getattr(self.estimator, "needs_lengths", False):  # completion_scheme="length": the tokens per completion
+            extra["lengths"] = batch["completion_mask"].sum(1).detach().to("cpu").view(-1, g)
+        weighting = self.estimator.weigh(advantages, selection, step, **extra)
         self.estimator.observe([ids[i] for i in selection.indices], self._rewards.view(-1, g), advantages, step)
         rows = weighting.keep.flatten().nonzero().flatten().tolist()
         batch = _take_rows(batch, rows, advantages.numel())
