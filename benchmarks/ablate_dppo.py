@@ -33,6 +33,9 @@ from pathlib import Path
 
 from dppo_core.bench.summary import accuracy_at_time
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_lr import score  # noqa: E402  (the tuning rule: mean sampled accuracy after step 0)
+
 #: Every variant starts from the paper's configuration (what the dppo method was when these runs were made,
 #: today's ``dppo_paper``: paper prompt scheme at rate 0.8, proportional completion scheme at 0.5, floors 0.2,
 #: systematic fixed-size sampling in a random order, packing), set on the dppo method so that the runs are
@@ -133,7 +136,7 @@ def collect(output: Path, variants: list[str], seeds: list[int]) -> dict:
         steps = [per_step(output / name / "runs" / "dppo" / f"seed-{s}") for s in seeds
                  if (output / name / "runs" / "dppo" / f"seed-{s}" / "metrics.jsonl").exists()]
         row = {"overrides": VARIANTS.get(name, []),
-               "mean_accuracy": statistics.fmean(p["sampled_accuracy"] for p in m["curve"] if p["step"] > 0),
+               "mean_accuracy": score(m["curve"]),
                "final_accuracy": m["accuracy"]["after"], "wall_s": m["wall_s"], "ess_per_step": m.get("ess_per_step"),
                "tokens": m["tokens"], "time_to_target_s": m.get("time_to_target_s"),
                "reached": m.get("time_to_target_reached"),
@@ -153,7 +156,7 @@ def collect(output: Path, variants: list[str], seeds: list[int]) -> dict:
     if base:
         for ref in BASELINES:
             r = base["methods"][ref]
-            refs[ref] = {"mean_accuracy": statistics.fmean(p["sampled_accuracy"] for p in r["curve"] if p["step"] > 0),
+            refs[ref] = {"mean_accuracy": score(r["curve"]),
                          "final_accuracy": r["accuracy"]["after"], "wall_s": r["wall_s"],
                          "ess_per_step": r.get("ess_per_step"), "time_to_target_s": r.get("time_to_target_s")}
     return {"variants": table, "baselines": refs}

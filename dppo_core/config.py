@@ -126,8 +126,9 @@ class DPPOConfig:
     completion_target_ess: float | None = None
     """Adapt the completion prune rate per step: the largest rate up to ``completion_prune_rate`` (in steps of 0.05)
     whose predicted Kish effective sample size of the step's weights is at least this (None: the fixed rate). The
-    rate depends only on the step's advantages and the prompts' keep probabilities, so the estimator stays
-    unbiased; it prunes more when many completions carry signal and less when signal is scarce."""
+    rate depends only on the step's advantages and the prompts' keep probabilities, so the loss and its gradient
+    at the step's parameters stay unbiased; it prunes more when many completions carry signal and less when
+    signal is scarce."""
     length_exponent: float = 0.5
     """``completion_scheme: length``: gamma in p ∝ |A| / len^gamma (0.5: gradient size independent of length;
     1: shrinking like 1 / sqrt(len))."""

@@ -361,7 +361,8 @@ def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float
 
     ``probs_at(r)`` gives the completion keep probabilities at rate r (the scheme's own, from the step's
     advantages). The rate is a function of the step's advantages and the prompts' probabilities only, both fixed
-    before the completion draw, so the estimator stays unbiased; it prunes more when many completions carry
+    before the completion draw, so the loss and its gradient at parameters fixed before the draw stay unbiased
+    (the estimator's claim, unchanged); it prunes more when many completions carry
     signal and less when signal is scarce (a step whose ESS is below the target even unpruned is not pruned).
     Returns 0 when no rate reaches it.
     """
