@@ -26,6 +26,7 @@ SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pru
 PROMPT_SCHEMES = (*SCHEMES, "posterior")  # prompt_scheme: posterior scores every prompt by its whole history
 COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
+LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.trainer.learning_rate_at
 
 
 class ConfigError(ValueError):
@@ -94,7 +95,13 @@ class DPPOConfig:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
-    """Linear learning-rate warm-up steps (then constant)."""
+    """Linear learning-rate warm-up steps (then ``lr_schedule``)."""
+    lr_schedule: str = "constant"
+    """After the warm-up: ``"constant"``, or ``"cosine"`` / ``"linear"`` decay from ``learning_rate`` to
+    ``min_lr_ratio * learning_rate`` at step ``max_steps`` (so raising ``max_steps`` on resume stretches the
+    decay). A function of the step alone, so a resumed run follows the same schedule."""
+    min_lr_ratio: float = 0.0
+    """Where a decaying ``lr_schedule`` ends, as a fraction of ``learning_rate`` (0: decay to zero)."""
 
     # --- pruning (DPPO, chapter 05-06) -------------------------------------------------------------
     pruning: str = "none"
@@ -301,6 +308,10 @@ class DPPOConfig:
              "auto (sdpa) or set shared_prefix: false")
         need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
         need(self.max_steps >= 1, "max_steps", "must be at least 1")
+        need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
+             "must be in [0, 1] (a fraction of learning_rate, e.g. 0.1)")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0 (0: no warm-up)")
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
         need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
         need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")

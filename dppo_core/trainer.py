@@ -65,6 +65,21 @@ ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "u
               "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
 
 
+def learning_rate_at(step: int, config: DPPOConfig) -> float:
+    """The learning rate of (0-based) ``step``: linear warm-up over ``warmup_steps`` (step 0 at
+    ``learning_rate / warmup_steps``), then ``lr_schedule`` decays from ``learning_rate`` towards
+    ``min_lr_ratio * learning_rate``, which it would reach at step ``max_steps`` (the last step, ``max_steps - 1``,
+    is one step short of it)."""
+    c = config
+    if step < c.warmup_steps:
+        return c.learning_rate * (step + 1) / c.warmup_steps
+    if c.lr_schedule == "constant":
+        return c.learning_rate
+    progress = min(1.0, (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if c.lr_schedule == "cosine" else 1.0 - progress
+    return c.learning_rate * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * shape)
+
+
 def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: torch.Tensor, mask: torch.Tensor,
                      old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -174,8 +189,7 @@ class DPPOTrainer:
 
     # --- helpers ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
-        c = self.config
-        return c.learning_rate * min(1.0, (step + 1) / c.warmup_steps) if c.warmup_steps else c.learning_rate
+        return learning_rate_at(step, self.config)
 
     def make_engine(self):
         """The rollout engine of ``config.rollout_engine`` for this trainer's model."""

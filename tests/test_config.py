@@ -21,6 +21,9 @@ from dppo_core.config import ConfigError, DPPOConfig, field_docs, preset, preset
         ("fixed_size_design", "stratified", "systematic, sorted, pivotal"),
         ("posterior_half_life", 0.0, "> 0 steps"),
         ("length_exponent", -0.5, ">= 0"),
+        ("lr_schedule", "exponential", "constant, cosine, linear"),
+        ("min_lr_ratio", 1.5, "[0, 1]"),
+        ("warmup_steps", -1, ">= 0"),
         ("pruning", "random", "greso"),
     ],
 )

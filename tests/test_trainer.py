@@ -9,7 +9,7 @@ from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
-from dppo_core.trainer import DPPOTrainer
+from dppo_core.trainer import DPPOTrainer, learning_rate_at
 
 
 def _config(model_dir, out, **kw):
@@ -49,6 +49,48 @@ def test_a_step_changes_the_weights_and_logs_every_metric(small_model_dir, tmp_p
     evals = _lines(tmp_path / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2] and "sampled_L3" in evals[-1] and "greedy_L1_stderr" in evals[-1]
     assert (tmp_path / "final" / "config.json").exists()
+
+
+def test_learning_rate_schedules_warm_up_then_decay_to_the_floor():
+    at = lambda **kw: [learning_rate_at(s, DPPOConfig(learning_rate=1.0, max_steps=6, **kw)) for s in range(6)]  # noqa: E731
+    assert at() == [1.0] * 6
+    assert at(warmup_steps=2) == [0.5] + [1.0] * 5
+    assert at(warmup_steps=2, lr_schedule="linear", min_lr_ratio=0.2) == pytest.approx([0.5, 1.0, 1.0, 0.8, 0.6, 0.4])
+    cosine = at(lr_schedule="cosine", min_lr_ratio=0.1)
+    assert cosine[0] == 1.0 and cosine[3] == pytest.approx(0.55)
+    assert all(a > b > 0.1 for a, b in zip(cosine, cosine[1:], strict=False))
+    assert learning_rate_at(6, DPPOConfig(learning_rate=1.0, max_steps=6, lr_schedule="cosine")) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("kw, trl_kw", [(dict(lr_schedule="cosine"), dict(lr_scheduler_type="cosine")),
+                                        (dict(lr_schedule="linear"), dict(lr_scheduler_type="linear")),
+                                        (dict(lr_schedule="cosine", min_lr_ratio=0.1),
+                                         dict(lr_scheduler_type="cosine_with_min_lr",
+                                              lr_scheduler_kwargs={"min_lr_rate": 0.1}))])
+def test_the_trl_peer_gets_the_same_schedule_after_the_warm_up(kw, trl_kw):
+    from transformers import get_scheduler
+
+    from dppo_core.bench.peers import trl_lr_schedule
+
+    config = DPPOConfig(learning_rate=2e-4, max_steps=10, warmup_steps=3, **kw)
+    assert trl_lr_schedule(config) == trl_kw
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
+    scheduler = get_scheduler(trl_kw["lr_scheduler_type"], optimizer, num_warmup_steps=3, num_training_steps=10,
+                              scheduler_specific_kwargs=trl_kw.get("lr_scheduler_kwargs"))
+    theirs = []
+    for _ in range(10):
+        theirs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert [learning_rate_at(s, config) for s in range(3, 10)] == pytest.approx(theirs[3:])
+
+
+def test_the_trainer_follows_the_schedule(small_model_dir, tmp_path):
+    trainer = _trainer(_config(small_model_dir, tmp_path, max_steps=3, save_steps=0, warmup_steps=1,
+                               lr_schedule="linear", min_lr_ratio=0.5))
+    trainer.train()
+    assert [r["lr"] for r in _lines(tmp_path / "metrics.jsonl")] == pytest.approx([1e-3, 1e-3, 7.5e-4])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(7.5e-4)
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted(small_model_dir, tmp_path):

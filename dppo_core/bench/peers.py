@@ -92,6 +92,19 @@ def peer_trainer_kwargs(method: str, config: DPPOConfig) -> dict[str, Any]:
     return {"estimator": make_estimator(config)}
 
 
+def trl_lr_schedule(config: DPPOConfig) -> dict[str, Any]:
+    """``config``'s learning-rate schedule in ``transformers.TrainingArguments`` terms (the same warm-up, then the
+    same decay over ``max_steps``; transformers' warm-up starts one step lower, at 0)."""
+    if config.lr_schedule == "constant":
+        return {"lr_scheduler_type": "constant_with_warmup" if config.warmup_steps else "constant"}
+    if config.min_lr_ratio == 0.0:
+        return {"lr_scheduler_type": config.lr_schedule}
+    if config.lr_schedule == "cosine":
+        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": config.min_lr_ratio}}
+    raise BenchError(f"lr_schedule=linear with min_lr_ratio={config.min_lr_ratio} has no transformers scheduler for "
+                     "the TRL peer; use lr_schedule=cosine, or min_lr_ratio=0")
+
+
 def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl_grpo") -> dict[str, Any]:
     """``trl.GRPOConfig`` keyword arguments for the GRPO run that ``config`` describes (no TRL import).
 
@@ -121,7 +134,7 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
         "num_generations": config.num_generations, "max_completion_length": config.max_completion_length,
         "temperature": config.temperature, "top_p": config.top_p, "top_k": 0,
         "learning_rate": config.learning_rate, "warmup_steps": config.warmup_steps,
-        "lr_scheduler_type": "constant_with_warmup" if config.warmup_steps else "constant",
+        **trl_lr_schedule(config),
         "adam_beta1": 0.9, "adam_beta2": 0.99, "weight_decay": config.weight_decay,
         "max_grad_norm": max(config.max_grad_norm, 0.0),
         "beta": config.beta, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
