@@ -1,5 +1,5 @@
 """Chapter 05 exercises, solved and checked: predict the expected kept count, a maximum age for the
-history, and what GRESO needs to become unbiased.
+history, what GRESO needs to become unbiased, and a prior for the posterior fitted to the pool.
 
 Run: python notebooks/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
 from synthetic rewards; tests/test_solutions.py runs it too)
@@ -10,10 +10,18 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import torch
 
 from dppo_core.grpo import group_advantages
-from dppo_core.pruning import PromptHistory, greso_keep_probs, prompt_keep_probs, sample_keep
+from dppo_core.pruning import (
+    PromptHistory,
+    beta_binomial_pmf,
+    greso_keep_probs,
+    posterior_scores,
+    prompt_keep_probs,
+    sample_keep,
+)
 
 G = 8
 
@@ -122,10 +130,72 @@ def exercise_3() -> None:
     # by 1 / pi (and dividing by the candidate count, a constant) restores E[K_q / pi_q] = 1 for every prompt.
 
 
+# --------------------------------------------------------------------------------------------------
+# Exercise 4: an empirical-Bayes prior for the posterior
+# --------------------------------------------------------------------------------------------------
+
+def p_informative(a: float, b: float, g: int = G) -> float:
+    """1 - E[p^G] - E[(1-p)^G] for p ~ Beta(a, b): the Beta-binomial's mass strictly between 0 and G passes."""
+    pmf = beta_binomial_pmf(a, b, g)
+    return float(1.0 - pmf[0] - pmf[-1])
+
+
+def fit_prior(k: np.ndarray, g: int = G) -> tuple[float, float]:
+    """(a, b) maximising the Beta-binomial likelihood of the pass counts k (one group of g per prompt), on a
+    log grid: the prior that best explains the pool's first groups."""
+    counts = np.bincount(k, minlength=g + 1)
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20.0), 121))
+    best, arg = -np.inf, (1.0, 1.0)
+    for a in grid:
+        for b in grid:
+            ll = float(counts @ np.log(beta_binomial_pmf(a, b, g) + 1e-300))
+            if ll > best:
+                best, arg = ll, (float(a), float(b))
+    return arg
+
+
+def exercise_4(n: int = 2000, true_prior: tuple[float, float] = (0.4, 0.6)) -> None:
+    rng = np.random.default_rng(0)
+    p = rng.beta(*true_prior, size=n)                   # each prompt's success rate (many near 0 or 1)
+    k1, k2 = rng.binomial(G, p), rng.binomial(G, p)     # its first group and the next one (same policy)
+    fitted = fit_prior(k1)
+    print(f"true prior Beta{true_prior}, fitted from the first groups Beta({fitted[0]:.2f}, {fitted[1]:.2f})")
+    assert abs(fitted[0] - true_prior[0]) < 0.1 and abs(fitted[1] - true_prior[1]) < 0.15
+
+    # the package's scores are sqrt(P(informative)) under the prior + the evidence: check by hand, both priors
+    history = PromptHistory()
+    ids = [f"q{i}" for i in range(n)]
+    rewards = torch.from_numpy((np.arange(G)[None, :] < k1[:, None]).astype(np.float32))
+    history.update(ids, rewards, group_advantages(rewards), step=0)
+    print("last group's passes k | share | informative next time: observed | uniform prior | fitted prior")
+    predicted = {}
+    for name, prior in (("uniform", (1.0, 1.0)), ("fitted", fitted)):
+        pred = posterior_scores(history, ids, G, prior=prior).numpy() ** 2
+        hand = np.array([p_informative(prior[0] + k, prior[1] + G - k) for k in k1])
+        assert np.allclose(pred, hand, atol=1e-12)
+        predicted[name] = pred
+    informative = (k2 > 0) & (k2 < G)
+    gaps = {"uniform": 0.0, "fitted": 0.0}
+    for label, mask in (("0 (all wrong)", k1 == 0), ("1-7", (k1 > 0) & (k1 < G)), ("8 (all right)", k1 == G)):
+        obs = informative[mask].mean()
+        row = {name: predicted[name][mask].mean() for name in predicted}
+        for name in gaps:
+            gaps[name] += mask.mean() * abs(row[name] - obs)
+        print(f"{label:>14} | {mask.mean():.2f} | {obs:.3f} | {row['uniform']:.3f} | {row['fitted']:.3f}")
+    print(f"calibration error (weighted mean |predicted - observed|): uniform {gaps['uniform']:.3f}, "
+          f"fitted {gaps['fitted']:.3f}")
+    assert gaps["fitted"] < 0.5 * gaps["uniform"]
+    # The uniform prior expects every prompt to be anywhere in [0, 1], so after one all-wrong group it still
+    # gives the next group a ~47% chance of signal; a pool where most prompts sit near 0 or 1 says otherwise.
+    # A prior fitted to the pool (empirical Bayes) calibrates the scores: the prompt stage then spends its
+    # rollouts where the signal is. The trainer uses Beta(1, 1); posterior_scores(..., prior=) takes another.
+
+
 def main() -> None:
     exercise_1()
     exercise_2()
     exercise_3()
+    exercise_4()
     print("chapter 05 solutions: all checks passed")
 
 

@@ -1,5 +1,5 @@
-"""Chapter 06 exercises, solved and checked: fixed-size draws, the floor, and uniform pruning against
-pruning by |A|.
+"""Chapter 06 exercises, solved and checked: fixed-size draws, the floor, uniform pruning against
+pruning by |A|, and the keep probabilities that minimise the variance under a token budget.
 
 Run: python notebooks/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
 and each completion's gradient is stood in for by a number s; tests/test_solutions.py runs it too)
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from dppo_core.grpo import group_advantages
-from dppo_core.pruning import completion_keep_probs, importance_weights, sample_keep
+from dppo_core.pruning import completion_keep_probs, importance_weights, keep_probs_from_scores, sample_keep
 
 P, G = 16, 8
 
@@ -109,10 +109,50 @@ def exercise_3() -> None:
     # Using |A| buys precision at no bias: at equal cost, it spends the budget where the gradient is.
 
 
+# --------------------------------------------------------------------------------------------------
+# Exercise 4: variance per token
+# --------------------------------------------------------------------------------------------------
+
+def oracle_probs(s: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor, rate: float, floor: float) -> torch.Tensor:
+    """The variance-optimal p under each group's token budget: minimise sum s^2 / p subject to
+    sum p * len = (1 - r) * the group's tokens and floor <= p <= 1. Lagrange: s^2 / p^2 = lambda * len, so
+    p = clip(c |s| / sqrt(len), floor, 1), with c set by the budget: the length scheme's fit, on |s| itself."""
+    out = torch.empty_like(s)
+    for q in range(s.shape[0]):
+        out[q] = keep_probs_from_scores(s[q].abs() / lengths[q].sqrt(), rate, min_keep_prob=floor,
+                                        zero=A[q] == 0, costs=lengths[q])
+    return out
+
+
+def exercise_4(rate: float = 0.5, floor: float = 0.02) -> None:
+    A, s = synthetic_batch()
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.randint(8, 65, A.shape, generator=gen).double()      # tokens of each completion
+    # two worlds: a completion's gradient size does not depend on its length, or shrinks like 1 / sqrt(len)
+    # (a per-sequence token mean of independent token gradients)
+    for world, grad in (("|s| ~ |A|", s), ("|s| ~ |A| / sqrt(len)", s / lengths.sqrt() * 6)):
+        stds, tokens = {}, {}
+        for gamma in (0.0, 0.5, 1.0):
+            p = completion_keep_probs(A, rate, scheme="length", lengths=lengths, length_exponent=gamma,
+                                      min_keep_prob=floor)
+            stds[gamma], tokens[gamma] = exact_std(p, grad), (p * lengths).sum().item()
+        best = exact_std(oracle_probs(grad, A, lengths, rate, floor), grad)
+        print(f"{world:>22}: exact std / |sum s| at {tokens[0.5]:.0f} expected tokens: "
+              + ", ".join(f"gamma {g:g}: {v:.3f}" for g, v in stds.items()) + f"; oracle {best:.3f}")
+        assert max(tokens.values()) - min(tokens.values()) < 1e-6 * tokens[0.5]      # the same budget for all
+        assert best <= min(stds.values()) + 1e-12                                     # nothing beats the optimum
+        winner = min(stds, key=stds.get)
+        assert winner == (0.5 if world == "|s| ~ |A|" else 1.0), (world, stds)
+    # At the same expected tokens, p ∝ |A| / len^gamma wins with gamma = 1/2 when the gradient's size does not
+    # depend on the length, and with gamma = 1 when it shrinks like 1 / sqrt(len). Which world the tiny model
+    # lives in is what benchmarks/variance_cost.py measures on its real gradients (gamma = 1 won there).
+
+
 def main() -> None:
     exercise_1()
     exercise_2()
     exercise_3()
+    exercise_4()
     print("chapter 06 solutions: all checks passed")
 
 
