@@ -87,12 +87,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     output_dir = args.output_dir or Path("runs") / f"bench-{args.preset}"
     try:
+        if args.times_from is not None and not args.summarize:
+            raise bench.BenchError("--times-from only applies with --summarize (it reads finished runs)")
         if args.summarize:  # keeps the command the runs recorded
             preset = bench.bench_preset(args.preset)
             if preset.kind == "systems":
                 raise bench.BenchError(f"--summarize rewrites an accuracy bench's bench.json; {args.preset!r} writes "
                                        "its bench.json and bench.md as it runs: run it again instead")
-            result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds)
+            result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds,
+                                       times_from=args.times_from)
         else:
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
                                      overrides=overrides, resume=args.resume,
@@ -461,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="keep runs that finished before (after an interruption)")
     p.add_argument("--summarize", action="store_true",
                    help="only rewrite bench.json and the plots from the finished runs in the output dir")
+    p.add_argument("--times-from", type=Path, default=None, metavar="DIR",
+                   help="with --summarize: take every time from DIR's runs of the same methods and seeds, which must "
+                        "have trained identically (each step's loss and token counts equal; checked), e.g. to read a "
+                        "larger evaluation of the same training on the timing of one side-by-side run")
     p.add_argument("--list", action="store_true", help="list the bench presets and exit")
     p.add_argument("--readme", type=Path, default=None, metavar="FILE",
                    help="also rewrite the results table between FILE's <!-- bench:PRESET:start/end --> markers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -162,6 +163,39 @@ def test_summarize_rewrites_the_same_result_from_the_logs(smoke):
     out, result, _ = smoke
     again = bench.write_bench(out, "cpu-smoke", METHODS, (0, 1))
     assert again["methods"] == result["methods"] and again["fraction_of_bound"] == result["fraction_of_bound"]
+
+
+@pytest.mark.slow
+def test_times_from_reads_accuracies_here_and_every_time_from_identical_training(smoke, tmp_path):
+    out, result, _ = smoke
+    here, timing = tmp_path / "precise", tmp_path / "timing"
+    for d in (here, timing):
+        shutil.copytree(out / "runs", d / "runs")
+    for path in timing.glob("runs/*/seed-*/metrics.jsonl"):  # the timing run: every time doubled
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({k: 2 * v if k == "step_time" or k.startswith("time_") else v
+                                            for k, v in r.items()}) + "\n" for r in rows))
+    for path in here.glob("runs/*/seed-*/eval.jsonl"):  # the precise evaluation: other accuracies
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "sampled_accuracy": 0.5 + r["step"] / 100}) + "\n" for r in rows))
+    joined = bench.write_bench(here, "cpu-smoke", METHODS, (0, 1), times_from=timing)
+    assert joined["times_from"] == timing.as_posix()
+    for m in METHODS:
+        ours, before = joined["methods"][m], result["methods"][m]
+        assert ours["wall_s"] == pytest.approx(2 * before["wall_s"])
+        assert ours["phase_s"]["rollout"] == pytest.approx(2 * before["phase_s"]["rollout"])
+        assert ours["accuracy"]["after"] == pytest.approx(0.5 + 3 / 100)
+    assert bench.write_bench(here, "cpu-smoke", METHODS, (0, 1))["times_from"] == timing.as_posix()  # kept
+    fresh = bench.write_bench(here, "cpu-smoke", METHODS, (0, 1), command="dppo bench ...")  # a bench that just ran
+    assert "times_from" not in fresh and fresh["methods"]["grpo"]["wall_s"] == result["methods"]["grpo"]["wall_s"]
+    # a timing run that trained differently is refused, naming the run, the step and what differs
+    path = timing / "runs" / "dppo" / "seed-1" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[1]["tokens_trained"] += 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BenchError, match=r"dppo seed 1: step 2 differs from the timing run in tokens_trained"):
+        bench.write_bench(here, "cpu-smoke", METHODS, (0, 1), times_from=timing)
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--output-dir", str(here), "--times-from", str(timing)]) == 2
 
 
 @pytest.mark.slow

@@ -83,13 +83,20 @@ NOTES: dict[str, str] = {
 
 
 def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
-                    seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
-    """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished)."""
+                    seeds: Sequence[int], command: str | None = None,
+                    times_from: str | Path | None = None) -> dict[str, Any]:
+    """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished).
+
+    ``times_from``: another bench directory whose runs trained identically (the same method and seed with every
+    step's loss and token counts equal; checked), typically the same preset run again with a larger evaluation.
+    Every time (steps, phases, so times to target and speedups) is then taken from its runs, and accuracies from
+    these: a precise evaluation of the same training, timed by one side-by-side run.
+    """
     preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
     name = preset.name if preset is not None else name
     output_dir = Path(output_dir)
     methods = check_methods(methods)
-    runs, machine = _finished_runs(output_dir, methods, seeds)
+    runs, machine = _finished_runs(output_dir, methods, seeds, times_from)
     grpo_after = [r["accuracy"]["after"] for r in runs["grpo"]]
     if None in grpo_after:
         raise BenchError("grpo's runs have no final evaluation, so there is no target accuracy")
@@ -108,6 +115,7 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "command": command,
         "machine": machine or describe_machine(),
         "seeds": list(seeds),
+        **({"times_from": Path(times_from).as_posix()} if times_from is not None else {}),
         "target_accuracy": target,
         "target_fraction_of_grpo": TARGET_FRACTION,
         "methods": aggregated,
@@ -123,13 +131,36 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     }
 
 
-def _finished_runs(output_dir: Path, methods: Sequence[str],
-                   seeds: Sequence[int]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
-    """Per method, the summary of each seed's run (every one must have finished), and the machine they ran on."""
-    missing = [f"{m}/seed-{s}" for m in methods for s in seeds
-               if not (run_dir(output_dir, m, s) / "run.json").is_file()]
+SAME_TRAINING_KEYS = ("loss", "tokens_generated", "tokens_trained")  # what must match for times_from
+
+
+def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """``metrics`` with every time (``step_time``, ``time_*``) replaced by ``timing``'s, after checking that both
+    logs trained identically: the same steps, with equal ``SAME_TRAINING_KEYS``."""
+    ours, theirs = ([m for m in log if "step_time" in m] for log in (metrics, timing))
+    if [m["step"] for m in ours] != [m["step"] for m in theirs]:
+        raise BenchError(f"{where}: the timing run logged steps {len(theirs)}, this run {len(ours)}; times_from needs "
+                         "the same runs (method, seed, steps)")
+    for a, b in zip(ours, theirs, strict=True):
+        diff = [k for k in SAME_TRAINING_KEYS if a.get(k) != b.get(k)]
+        if diff:
+            raise BenchError(f"{where}: step {a['step']} differs from the timing run in {', '.join(diff)} "
+                             f"({', '.join(f'{a.get(k)} vs {b.get(k)}' for k in diff)}); times_from takes times "
+                             "only from a run that trained identically")
+    times = {m["step"]: {k: v for k, v in m.items() if k == "step_time" or k.startswith("time_")} for m in theirs}
+    return [{**{k: v for k, v in m.items() if k != "step_time" and not k.startswith("time_")}, **times[m["step"]]}
+            if "step_time" in m else m for m in metrics]
+
+
+def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int],
+                   times_from: str | Path | None = None) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+    """Per method, the summary of each seed's run (every one must have finished), and the machine they ran on
+    (the timing runs' machine with ``times_from``, see :func:`summarize_bench`)."""
+    dirs = [output_dir] if times_from is None else [output_dir, Path(times_from)]
+    missing = [f"{d / 'runs'}: {m}/seed-{s}" for d in dirs for m in methods for s in seeds
+               if not (run_dir(d, m, s) / "run.json").is_file()]
     if missing:
-        raise BenchError(f"runs not finished in {output_dir / 'runs'}: {', '.join(missing)}; run the bench "
+        raise BenchError(f"runs not finished in {', '.join(missing)}; run the bench "
                          "(with --resume to keep the finished ones)")
     runs: dict[str, list[dict[str, Any]]] = {}
     machine = None
@@ -137,26 +168,36 @@ def _finished_runs(output_dir: Path, methods: Sequence[str],
         for s in seeds:
             d = run_dir(output_dir, m, s)
             info = json.loads((d / "run.json").read_text())
+            metrics = read_jsonl(d / "metrics.jsonl")
+            if times_from is not None:
+                t = run_dir(Path(times_from), m, s)
+                info = {**info, **{k: v for k, v in json.loads((t / "run.json").read_text()).items()
+                                   if k in ("machine", "elapsed_s")}}
+                metrics = timed_metrics(metrics, read_jsonl(t / "metrics.jsonl"), f"{m} seed {s}")
             machine = machine or info.get("machine")
             config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-            run = summarize_run(read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "eval.jsonl"),
-                                config.get("max_grad_norm"))
+            run = summarize_run(metrics, read_jsonl(d / "eval.jsonl"), config.get("max_grad_norm"))
             runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run})
     return runs, machine
 
 
 def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
-                seeds: Sequence[int], command: str | None = None) -> dict[str, Any]:
+                seeds: Sequence[int], command: str | None = None,
+                times_from: str | Path | None = None) -> dict[str, Any]:
     """Summarize the runs, write ``bench.json`` and the plots; return the summary.
 
-    Without ``command`` a rewrite keeps the command an earlier ``bench.json`` recorded (the runs' own).
+    Without ``command`` (a rewrite of finished runs, ``--summarize``) it keeps the command an earlier
+    ``bench.json`` recorded (the runs' own) and, unless ``times_from`` is given, the timing runs it recorded
+    (see :func:`summarize_bench`); a bench that has just run (``command`` given) is timed by its own runs.
     """
     output_dir = Path(output_dir)
     previous = output_dir / "bench.json"
     if command is None and previous.is_file():
         with contextlib.suppress(ValueError, AttributeError):
-            command = json.loads(previous.read_text()).get("command")
-    result = summarize_bench(output_dir, name, methods, seeds, command)
+            recorded = json.loads(previous.read_text())
+            command = recorded.get("command")
+            times_from = times_from if times_from is not None else recorded.get("times_from")
+    result = summarize_bench(output_dir, name, methods, seeds, command, times_from)
     (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
     plot_bench(result, output_dir)
     return result
