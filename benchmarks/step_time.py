@@ -4,7 +4,11 @@ Made with (from the repository root; about 7 minutes on 2 otherwise idle CPU cor
 
     git worktree add /tmp/dppo-before a83d99b     # the code before the compact rollout loop
     DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/step_time.py \\
-        --before /tmp/dppo-before --output benchmarks/results/step_time
+        --before /tmp/dppo-before --methods grpo grpo_skip dppo_paper --before-name dppo_paper=dppo \\
+        --output benchmarks/results/step_time
+
+(``--before-name dppo_paper=dppo``: the paper's scheme was called ``dppo`` at a83d99b; today's ``dppo`` is the
+variance-aware method, which that code does not have.)
 
 Each *variant* is a version of the package (a directory put first on ``PYTHONPATH``) and the update layout:
 
@@ -69,6 +73,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--before-name", action="append", default=[], metavar="METHOD=NAME",
+                        help="run NAME in the 'before' checkout where this one runs METHOD (a method renamed since)")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -76,6 +82,10 @@ def main() -> int:
         return 0
     if "before" in args.variants and (args.before is None or not (args.before / "dppo_core").is_dir()):
         parser.error("the 'before' variant needs --before DIR, a checkout with dppo_core/ in it")
+    before_names = dict(kv.split("=", 1) for kv in args.before_name if "=" in kv)
+    if len(before_names) != len(args.before_name) or not set(before_names) <= set(args.methods):
+        parser.error(f"--before-name takes METHOD=NAME with METHOD one of --methods {args.methods}, "
+                     f"got {args.before_name}")
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must be more than --warmup ({args.warmup})")
 
@@ -91,7 +101,8 @@ def main() -> int:
                 if "DPPO_CACHE_DIR" in env:  # the worker runs in the code's directory: share one model cache
                     env["DPPO_CACHE_DIR"] = str(Path(env["DPPO_CACHE_DIR"]).resolve())
                 print(f"round {round_ + 1}/{args.rounds}: {method} / {variant} ...", flush=True)
-                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", method, variant,
+                name = before_names.get(method, method) if variant == "before" else method
+                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", name, variant,
                                        *passthrough], capture_output=True, text=True, env=env, cwd=code, check=False)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 if proc.returncode != 0 or not lines:
@@ -133,7 +144,7 @@ def main() -> int:
         "command": "DPPO_CACHE_DIR=.cache/dppo .venv/bin/python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
         "before_commit": git, "setting": "cpu-baselines preset configuration per method, seed "
                                          f"{args.seed}, {args.steps} steps of which the first {args.warmup} untimed",
-        "rounds": args.rounds,
+        "rounds": args.rounds, "before_names": before_names,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "kernel_variables": {k: os.environ.get(k) for k in KERNEL_VARIABLES},
                     "loadavg_before": [round(x, 2) for x in load_before], "loadavg_1min_per_worker": loads},
@@ -144,7 +155,8 @@ def main() -> int:
     lines = ["# Step time of the cpu-full setting: the code before and after, side by side", "",
              f"Command: `{report['command']}` (`--before` a checkout of {git or 'the earlier code'}); kernel "
              f"variables {report['machine']['kernel_variables']}", "",
-             f"Setting: {report['setting']}; medians over the timed steps of {args.rounds} rounds.", "",
+             f"Setting: {report['setting']}; medians over the timed steps of {args.rounds} rounds."
+             + "".join(f" `{m}` is `{n}` in the `before` checkout." for m, n in before_names.items()), "",
              "| method | variant | step (s) | rollout | reward | update | tokens generated | update density |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:

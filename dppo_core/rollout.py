@@ -264,10 +264,11 @@ class HFRollout:
 
     Two decode loops give the same samples for the same seed (tested; see ``decode``):
 
-    - ``"compact"`` (default): our own loop over the model's forward with a KV cache. A sequence that
-      generates a stop token leaves the batch at once (its rows of the KV cache are dropped), so every
-      decode step computes only the sequences still running and a rollout costs what its tokens cost,
-      not ``batch x longest completion``.
+    - ``"compact"`` (default): our own loop over the model's forward with a KV cache. Each distinct prompt
+      of a chunk is computed once and its keys, values and first logits are copied to its G sequences (a
+      GRPO chunk holds every prompt G times). A sequence that generates a stop token leaves the batch at once
+      (its rows of the KV cache are dropped), so every decode step computes only the sequences still running
+      and a rollout costs what its tokens cost, not ``batch x (prompt + longest completion)``.
     - ``"generate"``: transformers ``generate``, which decodes the whole batch until its longest completion
       ends (finished rows keep being computed and padded). Kept as the reference the compact loop is
       tested against.
@@ -279,9 +280,9 @@ class HFRollout:
     still running. Conditions (tested on CPU in fp32, on Qwen3 and GPT-2 architectures, with and without
     PEFT):
 
-    - The probabilities are computed on a smaller batch. Where the kernels round a row differently at
-      another batch size (more likely in bf16 and on a GPU), a near tie can flip a token; the log-probs are
-      those of the tokens actually sampled either way.
+    - The probabilities are computed on smaller batches (the distinct prompts, then the running sequences).
+      Where the kernels round a row differently at another batch size (more likely in bf16 and on a GPU), a
+      near tie can flip a token; the log-probs are those of the tokens actually sampled either way.
     - The sampling distribution is ``softmax(logits / T)`` cut to the top-p nucleus, nothing else, as in
       vLLM with explicit sampling parameters. ``generate`` would also apply processors that a model's own
       ``generation_config`` asks for (a repetition penalty, ``min_new_tokens``, suppressed tokens, ...):
@@ -290,8 +291,9 @@ class HFRollout:
       layers) cannot drop rows: their chunks are decoded by ``generate``, with one warning.
 
     Costs it does not remove: every step still draws noise of the chunk's full ``(rows, vocab)`` shape
-    (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step), and
-    a step in which sequences finish copies the KV cache's remaining rows.
+    (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step; on
+    the tiny model's CPU rollouts it is about 13% of the time), and a step in which sequences finish copies
+    the KV cache's remaining rows.
 
     Args:
         model: a causal LM (transformers or PEFT-wrapped).
@@ -404,10 +406,18 @@ class HFRollout:
         rows = torch.arange(n, device=device)  # chunk row of each sequence still running
         tokens: list[torch.Tensor] = []  # per step, (n,) sampled token of every chunk row (pad once finished)
         logps: list[torch.Tensor] = []  # per step, (n,) its log-prob under the sampling distribution
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **pos(positions),
+        # the prompt once per distinct prompt: a group's G sequences share it, so its keys, values and first
+        # logits are computed once and copied to each of them (the same rows of the same padded batch)
+        first, copies = _distinct_rows(prompt_ids)
+        first, copies = first.to(device), copies.to(device)
+        out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first], **pos(positions[first]),
                          past_key_values=cache, use_cache=True, **last_only)
+        logits = out.logits[:, -1]
+        if len(first) < n:
+            cache.batch_select_indices(copies)
+            logits = logits[copies]
         for _ in range(sampling.max_tokens):
-            scores = out.logits[:, -1].to(device=device, dtype=torch.float32)  # (running, vocab)
+            scores = logits.to(device=device, dtype=torch.float32)  # (running, vocab)
             if not greedy:
                 scores = _process_logits(scores, sampling.temperature, sampling.top_p)
                 probs = torch.softmax(scores, dim=-1)
@@ -440,8 +450,8 @@ class HFRollout:
                 attention_mask, positions = attention_mask[still], positions[still]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=-1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, **pos(positions),
-                             past_key_values=cache, use_cache=True, **last_only)
+            logits = self.model(input_ids=nxt[:, None], attention_mask=attention_mask, **pos(positions),
+                                past_key_values=cache, use_cache=True, **last_only).logits[:, -1]
         new = torch.stack(tokens, dim=1).cpu()  # (n, steps)
         logprobs = torch.stack(logps, dim=1).cpu()
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
@@ -472,6 +482,21 @@ class HFRollout:
             for t, s in enumerate(out.scores)
         ], dim=1)  # (batch, new_tokens)
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
+
+
+def _distinct_rows(prompt_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, copies)``: the first row of each distinct prompt, and for every row the index in ``first`` of
+    its prompt, so ``x[first][copies]`` is ``x`` for anything computed from the prompt alone."""
+    index: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    copies: list[int] = []
+    for row, ids in enumerate(prompt_ids):
+        key = tuple(ids)
+        if key not in index:
+            index[key] = len(first)
+            first.append(row)
+        copies.append(index[key])
+    return torch.tensor(first, dtype=torch.long), torch.tensor(copies, dtype=torch.long)
 
 
 def _base_model(model: Any) -> Any:

@@ -259,14 +259,17 @@ def test_compact_loop_gives_generates_samples(warm_model, mixed_prompts, tempera
     assert temperature == 0 or _ids(other) != _ids(compact)
 
 
-def _decode_rows(model) -> tuple[list[int], object]:
-    """Rows of every one-token (decode) forward of ``model``, recorded by a forward pre-hook."""
+def _decode_rows(model, prefill: list[int] | None = None) -> tuple[list[int], object]:
+    """Rows of every one-token (decode) forward of ``model``, recorded by a forward pre-hook (and the rows of
+    every longer, prompt, forward in ``prefill``)."""
     rows: list[int] = []
 
     def hook(_module, _args, kwargs):
         ids = kwargs.get("input_ids")
         if ids is not None and ids.shape[1] == 1:
             rows.append(ids.shape[0])
+        elif ids is not None and prefill is not None:
+            prefill.append(ids.shape[0])
 
     return rows, model.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -274,9 +277,10 @@ def _decode_rows(model) -> tuple[list[int], object]:
 def test_compact_loop_computes_only_running_sequences(warm_model, mixed_prompts):
     model, tok = warm_model
     sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=5)
-    work, batches = {}, {}
+    work, batches, prompt_rows = {}, {}, {}
     for decode in ("compact", "generate"):
-        rows, handle = _decode_rows(model)
+        prompt_rows[decode] = []
+        rows, handle = _decode_rows(model, prompt_rows[decode])
         try:
             batches[decode] = HFRollout(model, tok, decode=decode).generate(mixed_prompts, G, sampling)
         finally:
@@ -284,6 +288,8 @@ def test_compact_loop_computes_only_running_sequences(warm_model, mixed_prompts)
         work[decode] = sum(rows)
     compact, reference = batches["compact"], batches["generate"]
     n = compact.num_completions
+    # the prompt is computed once per distinct prompt, not once per sequence
+    assert prompt_rows["compact"] == [len(mixed_prompts)] and prompt_rows["generate"] == [n]
     # a sequence's first token comes from the prompt's forward; each later one from a decode step in which
     # the sequence, and only the sequences still running, are computed
     assert work["compact"] == compact.num_generated_tokens - n
