@@ -21,7 +21,9 @@ optimizer step, so every repeat does the same work):
     shared   ``--shared``: ``dppo_core.shared_prefix``, each prompt laid out once per segment with its kept
              completions after it; ``shared-packed-B`` packs segments into rows of B tokens (as packed),
              ``shared-padded`` puts one group per row, ``--micro-batch-size // --num-generations`` rows
-             per micro-batch
+             per micro-batch; ``shared-segments`` is the default route (segment attention, the model's
+             attention switched to ``dppo_core.shared_prefix.NAME`` for the pass): one unpadded row of whole
+             segments per micro-batch of at most ``--micro-batch-tokens`` tokens, attention per segment
 
 Repeats run round-robin over the variants (so a change in machine load hits every variant alike) after
 one warm-up pass each; median, min and max seconds are reported, with the speed-up over padded of the
@@ -56,7 +58,8 @@ from dppo_core.models import load_model, warm_start
 from dppo_core.packing import PackSequence, pack, pack_micro_batches, packed_completion_logprobs, pad
 from dppo_core.rewards import accuracy_reward
 from dppo_core.rollout import HFRollout, SamplingConfig
-from dppo_core.shared_prefix import shared_prefix_logprobs, shared_prefix_micro_batches
+from dppo_core.shared_prefix import NAME as SEGMENTS
+from dppo_core.shared_prefix import register, shared_prefix_logprobs, shared_prefix_micro_batches
 from dppo_core.tasks import ArithmeticTask
 
 
@@ -130,19 +133,27 @@ def make_packed(model, seqs, adv, num_sequences, pad_id, row_tokens, rows_per_mb
                  "rows": sum(b.num_rows for _, b in mbs), "max_width": max(b.width for _, b in mbs)}
 
 
-def make_shared(model, seqs, adv, num_sequences, pad_id, row_tokens, rows_per_mb, window):
-    """Each prompt once per segment; ``row_tokens=None``: one segment (group) per row."""
+def make_shared(model, seqs, adv, num_sequences, pad_id, row_tokens, rows_per_mb, window, segments=False):
+    """Each prompt once per segment; ``row_tokens=None``: one segment (group) per row; ``segments``: segment
+    attention over one unpadded row per micro-batch of at most ``row_tokens`` tokens."""
     def batches():
-        return shared_prefix_micro_batches(seqs, row_tokens, rows_per_mb, window, pad_id=pad_id)
+        return shared_prefix_micro_batches(seqs, row_tokens, rows_per_mb, window, pad_id=pad_id, one_row=segments)
 
     def run() -> float:
         total = 0.0
-        for idx, batch in batches():
-            logp, mask = shared_prefix_logprobs(model, batch)
-            w = torch.tensor([seqs[i].weight for i in idx])
-            loss, _ = policy_loss(logp, adv[idx], mask, weights=w, loss_type="grpo", num_sequences=num_sequences)
-            loss.backward()
-            total += loss.item()
+        before = model.config._attn_implementation
+        if segments:
+            model.set_attn_implementation(SEGMENTS)
+        try:
+            for idx, batch in batches():
+                logp, mask = shared_prefix_logprobs(model, batch)
+                w = torch.tensor([seqs[i].weight for i in idx])
+                loss, _ = policy_loss(logp, adv[idx], mask, weights=w, loss_type="grpo",
+                                      num_sequences=num_sequences)
+                loss.backward()
+                total += loss.item()
+        finally:
+            model.set_attn_implementation(before)
         return total
 
     mbs = batches()
@@ -260,6 +271,12 @@ def main() -> int:
             run, meta = make_shared(model, seqs, adv, num_sequences, pad_id, b, rpm, args.window)
             runs[f"shared-packed-{b}"] = (run, {"name": f"shared prefix, packed (window {args.window})",
                                                 "row_tokens": b, "rows_per_micro_batch": rpm, **meta})
+        register()
+        run, meta = make_shared(model, seqs, adv, num_sequences, pad_id, args.micro_batch_tokens, 1, args.window,
+                                segments=True)
+        runs["shared-segments"] = (run, {"name": "shared prefix, segment attention (one unpadded row per "
+                                                 "micro-batch)", "row_tokens": args.micro_batch_tokens,
+                                         "rows_per_micro_batch": 1, **meta})
 
     # correctness first: same loss and gradients
     ref_loss, ref_grads = grads_of(model, runs["padded"][0])

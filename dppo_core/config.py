@@ -37,7 +37,7 @@ class ConfigError(ValueError):
 class DPPOConfig:
     # --- model and data -------------------------------------------------------------------------
     model: str = "tiny"
-    """``"tiny"``: the embedded warm-started tiny model (built and cached on first use); otherwise a
+    """``"tiny"``: the embedded warm-started tiny model (shipped with the package, cached on first use); otherwise a
     local directory or a Hugging Face Hub id of a causal LM."""
     task: str = "arithmetic"
     """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path with ``problem``
@@ -178,10 +178,13 @@ class DPPOConfig:
     """Packed rows per forward/backward pass (replaces ``micro_batch_size`` when ``packing`` is on)."""
     shared_prefix: bool = False
     """Lay out each prompt once for its group's completions in the update (``P + G·R`` tokens instead of
-    ``G·(P + R)``; :mod:`dppo_core.shared_prefix`): segments (a prompt and as many of its completions as fit in
-    ``max_tokens_per_row``) packed into rows with ``packing``, else one segment per row.
-    Same log-probs, loss and gradient up to float rounding; needs an attention kernel that takes a mask
-    (sdpa, eager), so ``attn_implementation: auto`` then picks sdpa."""
+    ``G·(P + R)``; :mod:`dppo_core.shared_prefix`). Same log-probs, loss and gradient up to float rounding.
+    With ``attn_implementation: auto`` the policy runs segment attention: each micro-batch is one unpadded
+    row of whole segments (as many tokens as ``packing_rows_per_micro_batch`` rows of ``max_tokens_per_row``
+    with ``packing``, else about ``micro_batch_size`` sequences' worth), and attention is computed per segment.
+    With ``sdpa`` or ``eager``: segments (a prompt and as many of its completions as fit in
+    ``max_tokens_per_row``) packed into rows with ``packing``, else one segment per row, under an explicit mask.
+    Flash-attention and ``torch_varlen`` cannot express a shared prefix and are refused."""
 
     # --- update mode ------------------------------------------------------------------------------
     update_mode: str = "full"
@@ -197,7 +200,7 @@ class DPPOConfig:
     attn_implementation: str = "auto"
     """The policy's attention kernel: ``"auto"`` (on a CUDA device ``flash_attention_2`` when the ``flash-attn``
     package is installed, else ``torch_varlen``, so a packed update runs a variable-length kernel; ``sdpa`` on
-    CPU and with ``shared_prefix``),
+    CPU; with ``shared_prefix`` segment attention, :mod:`dppo_core.shared_prefix`),
     ``"sdpa"``, ``"eager"``, ``"flash_attention_2"`` (CUDA with ``flash-attn`` only) or ``"torch_varlen"``
     (CUDA of compute capability 8.0+: PyTorch's own variable-length kernel in the packed update, sdpa
     elsewhere, nothing to install; :mod:`dppo_core.varlen`)."""
@@ -305,7 +308,7 @@ class DPPOConfig:
              f"{self.attn_implementation} runs on CUDA only; use auto or sdpa on CPU")
         need(not (varlen and self.shared_prefix), "attn_implementation",
              f"the shared-prefix layout needs an attention mask, which {self.attn_implementation} does not take; use "
-             "auto (sdpa) or set shared_prefix: false")
+             "auto (segment attention), sdpa, or set shared_prefix: false")
         need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
         need(self.max_steps >= 1, "max_steps", "must be at least 1")
         need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")

@@ -9,6 +9,7 @@ engines' own log-probs (for the train/inference mismatch) are in :mod:`dppo_core
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -88,15 +89,19 @@ def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], co
 Forward = Callable[[torch.nn.Module, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[list[int]], Forward, dict[str, float]]:
+def layout_micro_batches(seqs: Sequences, config, pad_id: int,
+                         segments: bool = False) -> tuple[list[list[int]], Forward, dict[str, float]]:
     """Split ``seqs`` into micro-batches: their indices, a forward ``f(model, k)`` giving ``(logprobs, mask)`` of
     micro-batch k, and layout stats (rows, token-slot capacity, density, padding avoided).
 
     Padded (default): ``micro_batch_size`` sequences per micro-batch, sorted by length so that neighbours
     waste little padding. Packed (``packing: true``): whole sequences back to back in rows of at most
     ``max_tokens_per_row`` tokens (:mod:`dppo_core.packing`), ``packing_rows_per_micro_batch`` rows per
-    micro-batch, with a block-diagonal attention mask. The loss is a sum over sequences with a constant
-    normaliser, so either layout gives the same loss and gradient.
+    micro-batch, with a block-diagonal attention mask. Shared prefix (``shared_prefix: true``): each prompt
+    once per group (:mod:`dppo_core.shared_prefix`), with ``segments`` (the model runs segment attention) in
+    one unpadded row per micro-batch of about as many tokens as the packed (or padded) micro-batch would hold.
+    The loss is a sum over sequences with a constant normaliser, so every layout gives the same loss and
+    gradient.
     """
     c = config
     lengths = [len(p) + len(q) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
@@ -106,7 +111,7 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[lis
     padded_capacity = sum(len(idx) * max(lengths[i] for i in idx) for idx in padded)
     real = sum(lengths)
     if c.shared_prefix:
-        return _shared_prefix_layout(seqs, c, pad_id, real, padded_capacity)
+        return _shared_prefix_layout(seqs, c, pad_id, real, padded_capacity, segments)
     if not c.packing:
         def forward(m: torch.nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             idx = padded[k]
@@ -130,15 +135,20 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int) -> tuple[list[lis
         "update_density": real / max(1, capacity), "padding_avoided": padded_capacity - capacity}
 
 
-def _shared_prefix_layout(seqs: Sequences, c, pad_id: int, real: int,
-                          padded_capacity: int) -> tuple[list[list[int]], Forward, dict[str, float]]:
+def _shared_prefix_layout(seqs: Sequences, c, pad_id: int, real: int, padded_capacity: int,
+                          segments: bool) -> tuple[list[list[int]], Forward, dict[str, float]]:
     """``shared_prefix: true``: each prompt once per segment, its completions after it
-    (:mod:`dppo_core.shared_prefix`); segments packed into rows (``packing``) or one per row."""
+    (:mod:`dppo_core.shared_prefix`); with ``segments`` one unpadded row per micro-batch, else segments packed
+    into rows (``packing``) or one per row."""
     from dppo_core.packing import PackSequence
     from dppo_core.shared_prefix import shared_prefix_logprobs, shared_prefix_micro_batches
 
     items = [PackSequence(list(p), list(q), 1.0) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
-    if c.packing:
+    if segments:  # segment attention: one unpadded row per micro-batch, of the tokens a micro-batch holds
+        budget = (c.max_tokens_per_row * c.packing_rows_per_micro_batch if c.packing
+                  else math.ceil(real / max(1, len(seqs)) * c.micro_batch_size))  # micro_batch_size sequences
+        batches = shared_prefix_micro_batches(items, budget, 1, pad_id=pad_id, one_row=True)
+    elif c.packing:
         batches = shared_prefix_micro_batches(items, c.max_tokens_per_row, c.packing_rows_per_micro_batch,
                                               window=c.packing_window, pad_id=pad_id)
     else:  # one segment per row (a group, split where it exceeds max_tokens_per_row), about micro_batch_size

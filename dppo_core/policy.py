@@ -15,7 +15,7 @@ from dppo_core.config import ConfigError, DPPOConfig
 
 
 def resolve_model_path(config: DPPOConfig) -> str:
-    """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start, built on first use."""
+    """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start (the shipped copy, cached)."""
     if config.model == "tiny":
         from dppo_core.models import warm_start
 
@@ -75,16 +75,22 @@ def flash_attention_available() -> bool:
 def attention_kernel(choice: str, device: torch.device, needs_mask: bool = False) -> str:
     """The attention implementation to load the policy with, for ``DPPOConfig.attn_implementation``.
 
-    ``"auto"``: on CUDA, ``flash_attention_2`` when ``flash_attn`` imports, else ``torch_varlen`` (PyTorch's
+    ``"auto"``: with ``needs_mask`` (the shared-prefix layout), segment attention
+    (:data:`dppo_core.shared_prefix.NAME`: per-segment attention in the update, sdpa in every other call);
+    else on CUDA, ``flash_attention_2`` when ``flash_attn`` imports, else ``torch_varlen`` (PyTorch's
     own variable-length kernel, :mod:`dppo_core.varlen`) where this PyTorch has it: a packed update then
     runs a variable-length kernel (:mod:`dppo_core.packing`), 1.42x faster than the block-diagonal mask on
-    an H200 (``benchmarks/results/gpu/attention``); else, on CPU, and always when ``needs_mask`` (the
-    shared-prefix layout), ``sdpa``. An explicit ``flash_attention_2`` without the package raises with the
-    install command.
+    an H200 (``benchmarks/results/gpu/attention``); else, on CPU, ``sdpa``. An explicit
+    ``flash_attention_2`` without the package raises with the install command.
     """
     has_flash = flash_attention_available()
     if choice == "auto":
-        if device.type != "cuda" or needs_mask:
+        if needs_mask:
+            from dppo_core import shared_prefix
+
+            shared_prefix.register()
+            return shared_prefix.NAME
+        if device.type != "cuda":
             return "sdpa"
         if has_flash:
             return "flash_attention_2"
@@ -165,4 +171,11 @@ def load_reference(config: DPPOConfig, model_path: str, device: torch.device) ->
     from dppo_core.models import load_model
 
     ref_model, _ = load_model(model_path, device=device)
+    # with the shared-prefix layout the policy runs segment attention: so does the reference, so that it takes
+    # the same unpadded rows at the same cost (other kernels stay sdpa: the reference is in fp32 here)
+    kernel = attention_kernel(config.attn_implementation, device, needs_mask=config.shared_prefix)
+    from dppo_core.shared_prefix import NAME as SEGMENTS
+
+    if kernel == SEGMENTS:
+        ref_model.set_attn_implementation(kernel)
     return ref_model.requires_grad_(False).eval()

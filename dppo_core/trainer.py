@@ -56,9 +56,11 @@ from dppo_core.distributed import (
 from dppo_core.estimator import Selection, Weighting, make_estimator
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.logprobs import Sequences, layout_micro_batches
+from dppo_core.packing import attention_implementation
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
 from dppo_core.pruning import PromptHistory, effective_sample_size
 from dppo_core.rollout import RolloutBatch, SamplingConfig
+from dppo_core.shared_prefix import NAME as SEGMENTS
 
 Callback = Callable[[dict[str, Any]], None]
 ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
@@ -338,7 +340,8 @@ class DPPOTrainer:
         """
         c, model = self.config, self.model
         t_pack = time.perf_counter()
-        mbs, forward, layout = layout_micro_batches(seqs, c, self.tokenizer.pad_token_id)
+        mbs, forward, layout = layout_micro_batches(seqs, c, self.tokenizer.pad_token_id,
+                                                    segments=attention_implementation(model) == SEGMENTS)
         layout["time_pack"] = time.perf_counter() - t_pack
         old, ref = {}, {}
         with torch.no_grad():

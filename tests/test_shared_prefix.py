@@ -1,7 +1,8 @@
 """The prompt once per group (dppo_core.shared_prefix): the same completion log-probs, loss and gradient as the
-padded layout, on the default CPU route (sdpa with an explicit mask) and eager, packed and one group per row;
-mutant masks and positions are caught; the token count is P + sum of R per segment; the trainer's update
-with `shared_prefix: true` steps with the plain update's gradient."""
+padded layout, with segment attention (the default route, `attn_implementation: auto`), sdpa with an explicit
+mask and eager, packed, one group per row and one unpadded row; mutant masks, plans and positions are caught;
+the token count is P + sum of R per segment; the trainer's update with `shared_prefix: true` steps with the
+plain update's gradient."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.logprobs import Sequences, completion_logprobs_with_grad, layout_micro_batches
 from dppo_core.packing import PackSequence
 from dppo_core.shared_prefix import (
+    NAME,
     build_shared_batch,
     plan_segments,
+    register,
+    segment_attention,
+    segment_plan,
     shared_prefix_logprobs,
     shared_prefix_mask,
     shared_prefix_micro_batches,
@@ -32,10 +37,11 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
+@pytest.fixture(scope="module", params=[NAME, "sdpa", "eager"])
 def model(request, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
+    register()
     m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=request.param)
     return m.eval()
 
@@ -58,25 +64,28 @@ def _padded(model, seqs):
     return logp * mask, mask
 
 
-def _shared(model, seqs, budget, rows_per_micro_batch=2):
+def _shared(model, seqs, budget, rows_per_micro_batch=2, one_row=False):
     """Log-probs of every sequence through the micro-batches, in input order."""
     n = len(seqs)
     t_c = max(len(s.completion_ids) for s in seqs)
     logp = torch.zeros(n, t_c)
     mask = torch.zeros(n, t_c)
-    for idx, batch in shared_prefix_micro_batches(seqs, budget, rows_per_micro_batch, pad_id=PAD):
+    for idx, batch in shared_prefix_micro_batches(seqs, budget, rows_per_micro_batch, pad_id=PAD, one_row=one_row):
+        if one_row:
+            assert batch.num_rows == 1 and batch.density == 1.0
         lp, m = shared_prefix_logprobs(model, batch)
         logp[idx, : lp.shape[1]] = lp
         mask[idx, : m.shape[1]] = m
     return logp, mask
 
 
+@pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize("seed,budget", [(0, 128), (1, 64), (2, None), (3, 40)])
-def test_shared_prefix_logprobs_equal_padded(model, seed, budget):
+def test_shared_prefix_logprobs_equal_padded(model, seed, budget, one_row):
     seqs = _groups(seed)
     with torch.no_grad():
         ref, ref_mask = _padded(model, seqs)
-        logp, mask = _shared(model, seqs, budget)
+        logp, mask = _shared(model, seqs, budget, one_row=one_row)
     assert torch.equal(mask, ref_mask)
     assert (logp - ref).abs().max() < 1e-5
 
@@ -92,9 +101,10 @@ def test_loss_and_gradient_equal_padded(model):
         return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     loss_ref, g_ref = grads(*_padded(model, seqs))
-    loss, g = grads(*_shared(model, seqs, 96))
-    assert abs(loss - loss_ref) < 1e-6
-    assert ((g - g_ref).norm() / g_ref.norm()).item() < 1e-5
+    for one_row in (False, True):
+        loss, g = grads(*_shared(model, seqs, 96, one_row=one_row))
+        assert abs(loss - loss_ref) < 1e-6
+        assert ((g - g_ref).norm() / g_ref.norm()).item() < 1e-5
 
 
 def test_each_prompt_is_laid_out_once_per_segment():
@@ -128,6 +138,9 @@ def test_the_mask_lets_a_completion_see_its_prompt_and_itself_only():
 
 def test_a_mask_that_lets_completions_see_each_other_is_caught(model, monkeypatch):
     from dppo_core import shared_prefix
+
+    if model.config._attn_implementation == NAME:
+        pytest.skip("segment attention takes no mask; its plan's mutants are tested below")
 
     def leaky(batch):
         seg = batch.segment_ids
@@ -164,6 +177,112 @@ def test_completion_positions_that_restart_are_caught(model, monkeypatch):
     assert (logp - ref).abs().max() > 1e-3
 
 
+def _segment_mutants():
+    """Plans that each break one rule of who attends to whom."""
+    p = lambda plan: plan.prompt_index.shape[1]  # noqa: E731
+
+    def future(plan):  # a completion token sees its own later tokens
+        for b in plan.blocks:
+            b.mask[..., p(plan):] = b.valid[:, None, None, :]
+
+    def other_prompt(plan):  # a completion attends to another segment's prompt
+        for b in plan.blocks:
+            b.segment = (b.segment + 1) % plan.prompt_index.shape[0]
+
+    def no_prompt(plan):  # a completion does not see its prompt (beyond its first key)
+        for b in plan.blocks:
+            b.mask[..., 1:p(plan)] = False
+
+    def prompt_sees_ahead(plan):  # a prompt token sees later prompt tokens
+        plan.prompt_mask[:] = plan.prompt_valid[:, None, None, :]
+
+    return [future, other_prompt, no_prompt, prompt_sees_ahead]
+
+
+@pytest.mark.parametrize("mutant", _segment_mutants(), ids=lambda f: f.__name__)
+def test_segment_plan_mutants_are_caught(tiny_model_dir, monkeypatch, mutant):
+    from transformers import AutoModelForCausalLM
+
+    from dppo_core import shared_prefix
+
+    register()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=NAME).eval()
+    real = shared_prefix.segment_plan
+
+    def mutated(*a, **k):
+        plan = real(*a, **k)
+        mutant(plan)
+        return plan
+
+    seqs = _groups(9, n_groups=3, g=3)
+    with torch.no_grad():
+        ref, _ = _padded(model, seqs)
+        assert (_shared(model, seqs, None, one_row=True)[0] - ref).abs().max() < 1e-5
+        monkeypatch.setattr(shared_prefix, "segment_plan", mutated)
+        logp, _ = _shared(model, seqs, None, one_row=True)
+    assert (logp - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("heads,dv", [((4, 4), 8), ((4, 2), 8), ((3, 1), 8), ((4, 2), 5)])
+def test_segment_attention_equals_transformers_masked_sdpa(heads, dv):
+    """On random queries, keys and values in a padded multi-row layout, against transformers' own sdpa attention
+    (its repeat_kv for grouped-query heads) with the explicit shared-prefix mask; a value head size other than
+    the query's too."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    hq, hkv = heads
+    seqs = _groups(10, n_groups=4, g=3)
+    segments = plan_segments(seqs, 60)
+    batch = build_shared_batch(seqs, segments, [list(range(0, len(segments), 2)), list(range(1, len(segments), 2))],
+                               pad_id=PAD)
+    r, t = batch.input_ids.shape
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(r, hq, t, 8, generator=gen)
+    k, v = torch.randn(r, hkv, t, 8, generator=gen), torch.randn(r, hkv, t, dv, generator=gen)
+    out = segment_attention(q, k, v, segment_plan(batch, block=3), scaling=0.3)  # blocks of 3 completions
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = hq // hkv, True, False
+    ref, _ = sdpa_attention_forward(module, q, k, v, shared_prefix_mask(batch), scaling=0.3)
+    real = batch.segment_ids >= 0
+    assert out.shape == ref.shape == (r, t, hq, dv)
+    assert (out[real] - ref[real]).abs().max() < 1e-5
+    assert out[~real].abs().max() == 0  # padding gets zeros
+    # the other head order (query head i on key/value head i % hkv, tiled) would be told apart by this check
+    if hkv not in (1, hq):
+        tiled = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat(1, hq // hkv, 1, 1), v.repeat(1, hq // hkv, 1, 1), attn_mask=shared_prefix_mask(batch),
+            scale=0.3).transpose(1, 2)
+        assert (out[real] - tiled[real]).abs().max() > 1e-2
+
+
+def test_segment_attention_refuses_what_it_does_not_apply():
+    from dppo_core.shared_prefix import segment_attention_forward
+
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="softcap"):
+        segment_attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
+
+
+def test_segment_attention_is_sdpa_outside_the_update(tiny_model_dir):
+    """The rollouts and evaluation of a model loaded for segment attention: the same samples as with sdpa."""
+    from transformers import AutoModelForCausalLM
+
+    from dppo_core.models import load_model
+    from dppo_core.rollout import HFRollout, SamplingConfig
+    from dppo_core.tasks import ArithmeticTask
+
+    register()
+    sdpa, tok = load_model(tiny_model_dir)
+    seg = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=NAME)
+    prompts = [p.messages() for p in ArithmeticTask().test_set(1)[:3]]
+    sampling = SamplingConfig(max_tokens=12, temperature=1.0, seed=2)
+    a, b = (HFRollout(m, tok).generate(prompts, 4, sampling) for m in (sdpa, seg))
+    assert [[c.token_ids for c in g.completions] for g in a.groups] == \
+        [[c.token_ids for c in g.completions] for g in b.groups]
+    assert [[c.logprobs for c in g.completions] for g in a.groups] == \
+        [[c.logprobs for c in g.completions] for g in b.groups]
+
+
 def test_flash_attention_is_refused_with_a_way_out(tiny_model_dir):
     with pytest.raises(ConfigError, match="shared-prefix layout needs an attention mask"):
         DPPOConfig(shared_prefix=True, attn_implementation="flash_attention_2", device="cuda")
@@ -189,8 +308,9 @@ def test_the_update_layout_saves_the_prompt_copies_and_trains_the_same(small_mod
             # the gradient the optimizer stepped with (the update leaves it in .grad)
             grads[(shared, packing)] = torch.cat([p.grad.flatten() for p in trainer.model.parameters()
                                                   if p.grad is not None])
-            if shared:
-                assert record["prompt_tokens_shared"] > 0 and record["update_density"] <= 1
+            if shared:  # auto: segment attention, one unpadded row per micro-batch
+                assert trainer.model.config._attn_implementation == NAME
+                assert record["prompt_tokens_shared"] > 0 and record["update_density"] == 1
     base = grads[(False, False)]
     assert base.norm() > 0
     for key, g in grads.items():
@@ -202,8 +322,12 @@ def test_layout_micro_batches_takes_the_shared_prefix_route():
     seqs = _groups(8)
     s = Sequences([x.prompt_ids for x in seqs], [x.completion_ids for x in seqs], torch.zeros(len(seqs)),
                   torch.ones(len(seqs), dtype=torch.float64), 1)
-    mbs, _, stats = layout_micro_batches(s, c, PAD)
-    assert sorted(i for mb in mbs for i in mb) == list(range(len(seqs)))
-    assert stats["prompt_tokens_shared"] > 0
-    assert stats["update_density"] * stats["update_capacity"] + stats["prompt_tokens_shared"] == \
-        pytest.approx(sum(len(x) for x in seqs))
+    for segments in (False, True):
+        mbs, _, stats = layout_micro_batches(s, c, PAD, segments=segments)
+        assert sorted(i for mb in mbs for i in mb) == list(range(len(seqs)))
+        assert stats["prompt_tokens_shared"] > 0
+        assert stats["update_density"] * stats["update_capacity"] + stats["prompt_tokens_shared"] == \
+            pytest.approx(sum(len(x) for x in seqs))
+        if segments:  # one row per micro-batch and no padding: exactly the tokens the shared layout needs
+            assert stats["update_density"] == 1 and stats["update_rows"] == len(mbs)
+            assert stats["update_capacity"] == sum(len(x) for x in seqs) - stats["prompt_tokens_shared"]

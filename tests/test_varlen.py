@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dppo_core import varlen
+from dppo_core import shared_prefix, varlen
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.gpu_check import FP32, boundary_crossing, build_shaped_model, packing_case, random_sequences
 from dppo_core.logprobs import completion_logprobs_with_grad
@@ -146,4 +146,5 @@ def test_only_on_gpus_whose_flash_kernel_exists(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert varlen.unavailable_reason(cuda) is None
     assert attention_kernel("auto", cuda) == varlen.NAME
-    assert attention_kernel("auto", cuda, needs_mask=True) == "sdpa"  # the shared-prefix layout needs a mask
+    # the shared-prefix layout: segment attention, which varlen cannot express
+    assert attention_kernel("auto", cuda, needs_mask=True) == shared_prefix.NAME
