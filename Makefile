@@ -24,7 +24,7 @@ setup:
 demo: setup
 	$(PY) -m dppo_core.cli demo
 
-# The warm-started tiny model is built first (about 5 minutes once, then cached): notebooks use it.
+# The warm-started tiny model ships with the package (copied into the cache at first use): notebooks use it.
 # (setup with DPPO_SETUP_BROWSER=1 also makes sure Chromium is there for tests/test_browser.py.)
 test:
 	DPPO_SETUP_BROWSER=1 bash scripts/setup.sh

@@ -19,15 +19,21 @@ def _add_cache_dir(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build (or reuse) the tiny model and, unless --no-warm-start, its warm-started version."""
+    """Build (or reuse) the tiny model and, unless --no-warm-start, its warm-started version (the copy shipped
+    with the package, or with --from-scratch trained here)."""
+    import json
+
     from dppo_core.models import WarmStartConfig, build_tiny_model, warm_start
 
     t0 = time.perf_counter()
-    base = build_tiny_model(cache_dir=args.cache_dir)
+    base = build_tiny_model(cache_dir=args.cache_dir, force=args.from_scratch)
     print(f"tiny model: {base}")
     if not args.no_warm_start:
-        warm = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir)
-        print(f"warm-started model: {warm}")
+        warm = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir,
+                          force=args.from_scratch)
+        shipped = json.loads((warm / "warm_start_log.json").read_text()).get("source") == "shipped"
+        print(f"warm-started model: {warm}" + (" (the copy shipped with the package; --from-scratch trains it "
+                                               "here, a few minutes on 2 CPU cores)" if shipped else ""))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -478,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_dir(p)
     p.add_argument("--no-warm-start", action="store_true", help="only build the untrained model")
     p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="rebuild the tokenizer and model and train the warm start here, replacing what the cache "
+                        "holds (by default the warm start shipped with the package is used)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("eval", help="pass@1 / pass@k of a model on math benchmarks (gsm8k, math500, ...)")

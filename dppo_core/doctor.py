@@ -383,13 +383,19 @@ def warm_model_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def check_warm_start(cache_dir: str | Path | None = None) -> Check:
-    fix = "run `make demo` or `.venv/bin/dppo build` once (about 5 minutes) before the workshop"
+    fix = ("run `make demo` or `.venv/bin/dppo build` once before the workshop (a few minutes: this copy of the "
+           "package has no shipped warm start, so it is trained)")
     try:
         target = warm_model_dir(cache_dir)
     except Exception as exc:  # noqa: BLE001
         return Check("warm-started model", "FAIL", f"cannot locate it ({_error(exc)})", RESETUP)
     if (target / "config.json").exists():
         return Check("warm-started model", "OK", f"cached at {target}")
+    from dppo_core.models import shipped_warm_start_name
+
+    if shipped_warm_start_name() == target.name:
+        return Check("warm-started model", "OK", f"shipped with the package; copied to {target} at first use "
+                                                 "(instant)")
     # The Makefile caches into <repo>/.cache/dppo; `dppo` and the notebooks look there only when told.
     make_cache = Path.cwd() / ".cache" / "dppo"
     other = make_cache / target.name

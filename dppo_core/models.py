@@ -9,6 +9,15 @@ load them by path like any Hub model.
 RL starts from a policy with a spread of accuracy across the task's levels. Both steps are cached: the
 directory name is a hash of everything that determines the result, so a second call returns at once.
 
+The default warm start ships with the package (:data:`SHIPPED_WARM_START`, about 9 MB): ``warm_start()``
+with the default configuration copies it into the cache instead of training, so every machine (a laptop, a
+Colab session, CI) starts from the same weights in seconds (what it then computes can still differ in the last
+bits on another CPU's kernels). It was built by
+``warm_start(force=True)`` on 2 CPU cores with the AVX2 kernels pinned (the Makefile's
+``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``); ``tests/test_models.py`` rebuilds it
+from scratch and checks that the weights are the same, bit for bit, under those pins (elsewhere it reports by how
+much they differ). ``force=True`` (``dppo build --from-scratch``) always builds.
+
 Departures from a "real" small LLM, and why:
 1. Digits are split into single tokens before BPE (as Qwen and Llama 3 tokenizers do), which makes
    arithmetic learnable by a tiny model.
@@ -50,6 +59,25 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
+
+
+#: the default warm start, shipped with the package (see the module docstring)
+SHIPPED_WARM_START = Path(__file__).parent / "assets" / "warm-start"
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "chat_template.jinja", "warm_start_log.json")
+
+
+def shipped_warm_start_name() -> str | None:
+    """The cache directory name (``warm-<key>``) the shipped warm start stands for, or None if the package has
+    none (a checkout without the asset)."""
+    log = SHIPPED_WARM_START / "warm_start_log.json"
+    if not all((SHIPPED_WARM_START / f).is_file() for f in SHIPPED_FILES):
+        return None
+    meta = json.loads(log.read_text())
+    try:
+        return f"warm-{WarmStartConfig(**meta['config']).key(meta['base'])}"
+    except (KeyError, TypeError):  # written by a version whose WarmStartConfig had other fields
+        return None
 
 
 def default_cache_dir() -> Path:
@@ -393,16 +421,28 @@ def warm_start(
     completion tokens' cross-entropy. Deterministic for a seed on a given machine. ``log`` receives
     ``{"step", "loss", "lr", "elapsed_s"}`` every 20 steps; the full loss curve is saved as
     ``warm_start_log.json`` next to the weights.
+
+    The configuration the package ships a warm start for (the default one) is copied from
+    :data:`SHIPPED_WARM_START` into the cache instead of trained, unless ``force`` (which always trains); its
+    ``warm_start_log.json`` then says ``"source": "shipped"``.
     """
     config = config or WarmStartConfig()
     model_config = model_config or TinyModelConfig()
     cache = Path(cache_dir or default_cache_dir())
-    base = build_tiny_model(model_config, cache)
-    target = cache / f"warm-{config.key(base.name)}"
+    target = cache / f"warm-{config.key(f'tiny-{model_config.key()}')}"
     if target.exists() and (target / "config.json").exists() and not force:
         return target
     if force and target.exists():
         shutil.rmtree(target)
+    if not force and shipped_warm_start_name() == target.name:
+        def copy(tmp: Path) -> None:
+            for name in SHIPPED_FILES:
+                shutil.copyfile(SHIPPED_WARM_START / name, tmp / name)
+            meta = json.loads((tmp / "warm_start_log.json").read_text())
+            (tmp / "warm_start_log.json").write_text(json.dumps({**meta, "source": "shipped"}))
+
+        return _atomic_dir(target, copy)
+    base = build_tiny_model(model_config, cache)
     if len(config.level_weights) != len(LEVELS):
         raise ValueError(f"level_weights needs one weight per level {LEVELS}, got {config.level_weights!r}")
 

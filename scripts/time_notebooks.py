@@ -9,8 +9,8 @@
 MKL_CBWR, ONEDNN_MAX_CPU_ISA): stored outputs must be made with them, since `make test` compares under them.
 
 Each notebook runs in a fresh kernel (nbclient, which jupyterlab's nbconvert brings) with the working
-directory notebooks/, as JupyterLab and nbval run it. The warm-started model should be cached first
-(`make demo` or `dppo build`, with the same $DPPO_CACHE_DIR), or chapter 00 pays the ~5-minute warm start.
+directory notebooks/, as JupyterLab and nbval run it. The warm-started model ships with the package, so the
+first chapter that needs it copies it into $DPPO_CACHE_DIR in a second.
 
 The table (wall-clock seconds, the kernel's CPU seconds, the cores this process may use) replaces what lies
 between the two marker lines in notebooks/README.md, with a line that says how it was measured: the device,

@@ -40,8 +40,15 @@ def test_every_check_returns_a_valid_check(tmp_path):
     by_name = {c.name: c for c in checks}
     assert by_name["python"].status == "OK"
     assert by_name["torch"].status in ("OK", "WARN") and "build" in by_name["torch"].detail
-    # An empty cache: the warm-started model is not there, and the fix says how to get it.
+    # An empty cache: the package's own copy of the warm-started model is used
     warm = by_name["warm-started model"]
+    assert warm.status == "OK" and "shipped with the package" in warm.detail
+
+
+def test_warm_model_missing_without_the_shipped_copy(monkeypatch, tmp_path):
+    """A checkout without the shipped warm start and an empty cache: a warning whose fix says how to build it."""
+    monkeypatch.setattr("dppo_core.models.shipped_warm_start_name", lambda: None)
+    warm = doctor.check_warm_start(tmp_path)
     assert warm.status == "WARN" and "make demo" in warm.fix
 
 
@@ -135,6 +142,7 @@ def test_check_rejects_unknown_status():
 def test_warm_model_in_the_makefile_cache_only(monkeypatch, tmp_path):
     """`make demo` caches into ./.cache/dppo; without DPPO_CACHE_DIR the notebooks would not find it."""
     monkeypatch.delenv("DPPO_CACHE_DIR", raising=False)
+    monkeypatch.setattr("dppo_core.models.shipped_warm_start_name", lambda: None)  # or the shipped copy answers
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)
     name = doctor.warm_model_dir().name

@@ -130,3 +130,76 @@ def test_short_warm_start_lowers_the_loss_and_is_cached(tmp_path):
     batch = pack_examples([encode_example(AutoTokenizer.from_pretrained(path), p, p.solution("steps"))
                            for p in ArithmeticTask().test_set(2)], 256, 0)
     assert torch.isfinite(packed_lm_loss(model, batch))
+
+
+# --------------------------------------------------------------------------------------------------
+# The warm start shipped with the package
+# --------------------------------------------------------------------------------------------------
+
+#: the Makefile's kernel pins under which the shipped warm start was built
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_the_default_warm_start_is_the_shipped_copy(tmp_path):
+    from safetensors.torch import load_file
+
+    from dppo_core.models import SHIPPED_WARM_START, shipped_warm_start_name
+
+    assert shipped_warm_start_name() is not None, "the package has no shipped warm start"
+    path = warm_start(cache_dir=tmp_path, progress=False)
+    assert path.name == shipped_warm_start_name()
+    assert not (tmp_path / f"tiny-{TinyModelConfig().key()}").exists()  # nothing was built or trained
+    assert json.loads((path / "warm_start_log.json").read_text())["source"] == "shipped"
+    ours, shipped = load_file(path / "model.safetensors"), load_file(SHIPPED_WARM_START / "model.safetensors")
+    assert ours.keys() == shipped.keys() and all(torch.equal(ours[k], shipped[k]) for k in ours)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert count_parameters(model) > 2_000_000 and tokenizer.eos_token == "<|im_end|>"
+    # another configuration is not the shipped one: its name differs, so it would be trained
+    assert f"warm-{WarmStartConfig(steps=10).key(f'tiny-{TinyModelConfig().key()}')}" != path.name
+
+
+@pytest.mark.slow
+def test_building_from_scratch_reproduces_the_shipped_warm_start(tmp_path):
+    """The shipped weights are what `warm_start(force=True)` trains (a few minutes on 2 CPU cores): bit for
+    bit under the Makefile's kernel pins; elsewhere the kernels round differently and the test says by how much."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from dppo_core.models import SHIPPED_WARM_START
+
+    path = warm_start(cache_dir=tmp_path, force=True, progress=False)
+    assert "source" not in json.loads((path / "warm_start_log.json").read_text())  # trained, not copied
+    ours, shipped = load_file(path / "model.safetensors"), load_file(SHIPPED_WARM_START / "model.safetensors")
+    assert ours.keys() == shipped.keys()
+    diff = max((ours[k] - shipped[k]).abs().max().item() for k in ours)
+    scale = max(shipped[k].abs().max().item() for k in shipped)
+    pinned = all(os.environ.get(k) == v for k, v in PINNED.items())
+    if not pinned:
+        pytest.skip(f"kernels not pinned ({PINNED} not all set): the rebuilt weights differ from the shipped ones "
+                    f"by at most {diff:.3g} (largest weight {scale:.3g})")
+    assert diff == 0, f"rebuilt under the pinned kernels, the weights differ by up to {diff:.3g}"
+    assert (path / "tokenizer.json").read_text() == (SHIPPED_WARM_START / "tokenizer.json").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_shipped_warm_start(tmp_path):
+    """What `pip install` (or Colab's install from git) gets: the package data of a built wheel."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from conftest import REPO_ROOT
+
+    from dppo_core.models import SHIPPED_FILES
+
+    src = tmp_path / "src"  # a copy, so the build writes nothing into the checkout
+    shutil.copytree(REPO_ROOT / "dppo_core", src / "dppo_core", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("dppo_core-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"dppo_core/assets/warm-start/{f}" for f in SHIPPED_FILES} <= names
