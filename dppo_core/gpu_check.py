@@ -311,6 +311,89 @@ def check_packing(model_dir: str | Path, device: torch.device, *, attention: str
                  "packed updates are not exact here: train with packing=false and report this line")
 
 
+def shared_prefix_case(model, tol: Tolerance, *, groups: int, per_group: int, prompt: tuple[int, int],
+                       completion: tuple[int, int], pad_id: int) -> tuple[bool, str]:
+    """Segment attention (the shared-prefix update's default route, one unpadded row) against the padded layout
+    for one model, with a control that lets each completion read another group's prompt: (passed, numbers)."""
+    from dppo_core import shared_prefix
+    from dppo_core.logprobs import completion_logprobs_with_grad
+    from dppo_core.packing import PackSequence
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    draws = random_sequences(vocab, groups * (per_group + 1), prompt, completion)
+    seqs = [PackSequence(draws[g * (per_group + 1)][0], draws[g * (per_group + 1) + 1 + i][1])
+            for g in range(groups) for i in range(per_group)]  # per_group completions share each prompt
+    n = len(seqs)
+    adv = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(next(model.parameters()).device)
+    lp_pad, mask = completion_logprobs_with_grad(model, [s.prompt_ids for s in seqs],
+                                                 [s.completion_ids for s in seqs], 1.0, pad_id)
+    loss_pad, g_pad = _loss_and_grad(model, lp_pad, mask, adv)
+    (idx, batch), = shared_prefix.shared_prefix_micro_batches(seqs, None, 1, pad_id=pad_id, one_row=True)
+    order = torch.tensor(idx)
+    lp_seg = torch.zeros_like(lp_pad)
+    lp, m_seg = shared_prefix.shared_prefix_logprobs(model, batch)
+    lp_seg = lp_seg.index_copy(0, order.to(lp_seg.device), lp.to(lp_seg.dtype)[:, : lp_seg.shape[1]])
+    loss_seg, g_seg = _loss_and_grad(model, lp_seg, mask, adv)
+    real_plan = shared_prefix.segment_plan
+
+    def other_prompt(*a: Any, **k: Any):  # the control: every completion reads the next segment's prompt
+        plan = real_plan(*a, **k)
+        for blk in plan.blocks:
+            blk.segment = (blk.segment + 1) % plan.prompt_index.shape[0]
+        return plan
+
+    shared_prefix.segment_plan = other_prompt
+    try:
+        with torch.no_grad():
+            lp_ctrl = torch.zeros_like(lp_pad).index_copy(
+                0, order.to(lp_pad.device), shared_prefix.shared_prefix_logprobs(model, batch)[0].to(lp_pad.dtype))
+    finally:
+        shared_prefix.segment_plan = real_plan
+    mb = mask.bool()
+    d = (lp_seg.float() - lp_pad.float())[mb].abs()
+    d_ctrl = (lp_ctrl.float() - lp_pad.float())[mb].abs()
+    grad_rel = ((g_seg - g_pad).norm() / g_pad.norm().clamp_min(1e-30)).item()
+    ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
+    numbers = (f"{n} sequences in {groups} groups, {batch.real_tokens} tokens in one row (unshared "
+               f"{batch.unshared_tokens}), mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), loss "
+               f"{loss_seg:.4f} vs {loss_pad:.4f}, gradient rel. diff {grad_rel:.1e}; other-prompt control "
+               f"{d_ctrl.mean():.1e} ({ratio:.3g}x)")
+    ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
+          and ratio >= tol.control_ratio and abs(loss_seg - loss_pad) <= max(tol.logprob_mean, 1e-6) * 10
+          and bool(m_seg.sum() == mask.sum()))
+    return bool(ok), numbers
+
+
+def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
+    """The shared-prefix update through segment attention equals the padded layout (log-probs, loss, gradient)."""
+    from transformers import AutoModelForCausalLM
+
+    from dppo_core import shared_prefix
+    from dppo_core.models import quiet_transformers
+
+    name = "shared prefix (segment attention)"
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tol = BF16 if dtype == torch.bfloat16 else FP32
+    big = device.type == "cuda"
+    try:
+        shared_prefix.register()
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=shared_prefix.NAME)
+            model.to(device)
+        ok, numbers = shared_prefix_case(model, tol, groups=4 if big else 3, per_group=4 if big else 3,
+                                         prompt=(40, 200) if big else (4, 20), completion=(20, 400) if big else (3, 30),
+                                         pad_id=model.config.pad_token_id or 0)
+    except Exception as exc:  # noqa: BLE001
+        return Check(name, "FAIL", f"crashed ({_error(exc)})", "train with shared_prefix=false and report this line")
+    finally:
+        _free_cuda()
+    detail = f"{str(dtype).removeprefix('torch.')}: {numbers}"
+    if ok:
+        return Check(name, "OK", detail)
+    return Check(name, "FAIL", f"{detail}; outside the tolerance {asdict(tol)}",
+                 "the shared-prefix update is not exact here: train with shared_prefix=false and report this line")
+
+
 def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
     """One update step of LoRA on a 4-bit NF4 base, through the package's own loader."""
     import importlib.util
@@ -592,6 +675,7 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
         return results
     for attention in ("sdpa", "flash_attention_2", "torch_varlen"):
         emit(check_packing(model_dir, device, attention=attention))
+    emit(check_shared_prefix(model_dir, device))
     emit(check_qlora(model_dir, device))
     for check in check_vllm(model_dir, device):
         emit(check)

@@ -38,7 +38,8 @@ def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
     assert "Traceback" not in out
     status = {m.group(2): m.group(1) for m in map(LINE.match, out.splitlines()) if m}
     # one line per check, OK or (CUDA only) SKIP; nothing else
-    expected_ok = ["model", "packing (mask, sdpa)", "qlora", *(f"step {m}" for m in STEP_METHODS)]
+    expected_ok = ["model", "packing (mask, sdpa)", "shared prefix (segment attention)", "qlora",
+                   *(f"step {m}" for m in STEP_METHODS)]
     expected_skip = ["cuda", "packing (varlen, flash_attention_2)", "packing (varlen, torch_varlen)"]
     try:
         import vllm  # noqa: F401
@@ -61,6 +62,24 @@ def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):
     assert c.status == "OK", c
     ratio = float(re.search(r"\(([0-9.e+]+)x\)", c.detail).group(1))
     assert ratio >= FP32.control_ratio
+
+
+def test_shared_prefix_check_passes_and_fails_when_completions_see_each_other(shaped_dir, monkeypatch):
+    from dppo_core import shared_prefix
+
+    c = gpu_check.check_shared_prefix(shaped_dir, torch.device("cpu"))
+    assert c.status == "OK" and "other-prompt control" in c.detail, c
+    real = shared_prefix.segment_plan
+
+    def leaky(*a, **k):  # each completion's prompt part opened up to the whole segment: a broken plan
+        plan = real(*a, **k)
+        for blk in plan.blocks:
+            blk.mask[..., plan.prompt_index.shape[1]:] = blk.valid[:, None, None, :]
+        return plan
+
+    monkeypatch.setattr(shared_prefix, "segment_plan", leaky)
+    c = gpu_check.check_shared_prefix(shaped_dir, torch.device("cpu"))
+    assert c.status == "FAIL" and "outside the tolerance" in c.detail, c
 
 
 def test_packing_check_fails_when_packed_attention_crosses_boundaries(shaped_dir, monkeypatch):
