@@ -115,7 +115,7 @@ class Estimator:
     # --- history ----------------------------------------------------------------------------------
     def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
         """Record what each rolled-out prompt's group showed (rewards and advantages of shape (P, G))."""
-        self.history.update(prompt_ids, rewards, advantages, step)
+        self.history.update(prompt_ids, rewards, advantages, step, max_age=self.history_max_age)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable state (the history's records, and the mode that wrote them)."""

@@ -170,9 +170,11 @@ def load_reference(config: DPPOConfig, model_path: str, device: torch.device) ->
         return None
     from dppo_core.models import load_model
 
-    ref_model, _ = load_model(model_path, device=device)
+    # the policy's dtype (bf16 on a GPU, fp32 on CPU), so that the KL term compares like with like
+    ref_model, _ = load_model(model_path, device=device,
+                              dtype=torch.float32 if device.type == "cpu" else torch.bfloat16)
     # with the shared-prefix layout the policy runs segment attention: so does the reference, so that it takes
-    # the same unpadded rows at the same cost (other kernels stay sdpa: the reference is in fp32 here)
+    # the same unpadded rows at the same cost (other kernels stay sdpa)
     kernel = attention_kernel(config.attn_implementation, device, needs_mask=config.shared_prefix)
     from dppo_core.shared_prefix import NAME as SEGMENTS
 

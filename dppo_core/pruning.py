@@ -122,8 +122,13 @@ class PromptHistory:
     def get(self, prompt_id: str) -> PromptRecord | None:
         return self.records.get(prompt_id)
 
-    def update(self, prompt_ids: Sequence[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
-        """Record each prompt's group: ``rewards`` and ``advantages`` have shape (len(prompt_ids), G)."""
+    def update(self, prompt_ids: Sequence[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int,
+               max_age: int | None = None) -> None:
+        """Record each prompt's group: ``rewards`` and ``advantages`` have shape (len(prompt_ids), G).
+
+        ``max_age``: a record last updated more than this many steps ago is stale (read as unseen by
+        :meth:`score` and :func:`posterior_scores`), so its evidence is dropped and the new group starts afresh.
+        """
         rewards = torch.as_tensor(rewards, dtype=torch.float64)
         advantages = torch.as_tensor(advantages, dtype=torch.float64)
         if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids) or advantages.shape != rewards.shape:
@@ -131,7 +136,8 @@ class PromptHistory:
                              f"have shape ({len(prompt_ids)}, G), one row per prompt id")
         for pid, r, a in zip(prompt_ids, rewards, advantages, strict=True):
             prev = self.records.get(pid)
-            s_prev, f_prev = self.evidence(pid, step)
+            stale = prev is not None and max_age is not None and step - prev.step > max_age
+            s_prev, f_prev = (0.0, 0.0) if stale else self.evidence(pid, step)
             mean = float(r.mean())
             hits = r.numel() * min(1.0, max(0.0, mean))
             self.records[pid] = PromptRecord(

@@ -226,6 +226,20 @@ def test_history_keeps_discounted_evidence_and_old_records_still_load():
     assert PromptHistory(half_life=None).half_life is None
 
 
+def test_a_stale_record_starts_its_evidence_afresh():
+    """With max_age, a record older than that is read as unseen, so a new group does not add to its evidence."""
+    for max_age, expected in ((None, (5.0, 3.0)), (5, (2.0, 2.0))):
+        h = PromptHistory()
+        h.update(["p"], torch.tensor([[1.0, 1, 1, 0]]), torch.zeros(1, 4), step=0, max_age=max_age)
+        h.update(["p"], torch.tensor([[1.0, 1, 0, 0]]), torch.zeros(1, 4), step=10, max_age=max_age)
+        assert h.evidence("p", 10) == pytest.approx(expected)
+        assert h.get("p").seen == 2
+    h = PromptHistory()  # within max_age the evidence still adds up
+    h.update(["p"], torch.tensor([[1.0, 1, 1, 0]]), torch.zeros(1, 4), step=0, max_age=5)
+    h.update(["p"], torch.tensor([[1.0, 1, 0, 0]]), torch.zeros(1, 4), step=5, max_age=5)
+    assert h.evidence("p", 5) == pytest.approx((5.0, 3.0))
+
+
 def test_beta_binomial_and_the_posterior_score_match_their_definitions():
     pmf = beta_binomial_pmf(2.0, 3.0, 4)
     # Monte Carlo over p ~ Beta(2, 3), k ~ Binomial(4, p)
