@@ -376,10 +376,9 @@ def check_tiny_model() -> Check:
 
 def warm_model_dir(cache_dir: str | Path | None = None) -> Path:
     """Where :func:`dppo_core.models.warm_start` with its defaults puts (or finds) its result."""
-    from dppo_core.models import TinyModelConfig, WarmStartConfig
+    from dppo_core.models import warm_start_name
 
-    base = f"tiny-{TinyModelConfig().key()}"
-    return _cache_dir(cache_dir) / f"warm-{WarmStartConfig().key(base)}"
+    return _cache_dir(cache_dir) / warm_start_name()
 
 
 def check_warm_start(cache_dir: str | Path | None = None) -> Check:

@@ -231,6 +231,21 @@ def _loss_and_grad(model, logprobs: torch.Tensor, mask: torch.Tensor, adv: torch
     return loss.item(), torch.cat(grads)
 
 
+def _compare(tol: Tolerance, mask: torch.Tensor, lp_ref: torch.Tensor, loss_ref: float, g_ref: torch.Tensor,
+             lp: torch.Tensor, loss: float, g: torch.Tensor, lp_ctrl: torch.Tensor, control: str) -> tuple[bool, str]:
+    """A layout's log-probs, loss and gradient against the padded reference's, and its control's distance."""
+    m = mask.bool()
+    d = (lp.float() - lp_ref.float())[m].abs()
+    d_ctrl = (lp_ctrl.float() - lp_ref.float())[m].abs()
+    grad_rel = ((g - g_ref).norm() / g_ref.norm().clamp_min(1e-30)).item()
+    ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
+    numbers = (f"mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), loss {loss:.4f} vs {loss_ref:.4f}, gradient "
+               f"rel. diff {grad_rel:.1e}; {control} control {d_ctrl.mean():.1e} ({ratio:.3g}x)")
+    ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
+          and ratio >= tol.control_ratio and abs(loss - loss_ref) <= max(tol.logprob_mean, 1e-6) * 10)
+    return bool(ok), numbers
+
+
 def packing_case(model, route: str, tol: Tolerance, *, n: int, prompt: tuple[int, int],
                  completion: tuple[int, int], pad_id: int) -> tuple[bool, str]:
     """Packed against padded on ``route`` for one model: (passed, the measured numbers)."""
@@ -249,26 +264,15 @@ def packing_case(model, route: str, tol: Tolerance, *, n: int, prompt: tuple[int
     loss_pack, g_pack = _loss_and_grad(model, lp_pack, mask, adv)
     with torch.no_grad():
         lp_ctrl, _ = packed_completion_logprobs(model, boundary_crossing(batch), attention=route)
-    m = mask.bool()
-    d = (lp_pack.float() - lp_pad.float())[m].abs()
-    d_ctrl = (lp_ctrl.float() - lp_pad.float())[m].abs()
-    grad_rel = ((g_pack - g_pad).norm() / g_pad.norm().clamp_min(1e-30)).item()
-    ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
-    numbers = (f"{n} sequences in {batch.num_rows} rows, mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), "
-               f"loss {loss_pack:.4f} vs {loss_pad:.4f}, gradient rel. diff {grad_rel:.1e}; boundary-crossing "
-               f"control {d_ctrl.mean():.1e} ({ratio:.3g}x)")
-    ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
-          and ratio >= tol.control_ratio and abs(loss_pack - loss_pad) <= max(tol.logprob_mean, 1e-6) * 10)
-    return bool(ok), numbers
+    ok, numbers = _compare(tol, mask, lp_pad, loss_pad, g_pad, lp_pack, loss_pack, g_pack, lp_ctrl,
+                           "boundary-crossing")
+    return ok, f"{n} sequences in {batch.num_rows} rows, {numbers}"
 
 
 def check_packing(model_dir: str | Path, device: torch.device, *, attention: str) -> Check:
     """Packed == padded through ``attention`` ("sdpa": the mask route; "flash_attention_2" and "torch_varlen":
     the varlen route, flash-attn's kernel or PyTorch's own, :mod:`dppo_core.varlen`)."""
-    from transformers import AutoModelForCausalLM
-
     from dppo_core import varlen
-    from dppo_core.models import quiet_transformers
 
     route = "varlen" if attention in ("flash_attention_2", varlen.NAME) else "mask"
     name = f"packing ({route}, {attention})"
@@ -290,31 +294,44 @@ def check_packing(model_dir: str | Path, device: torch.device, *, attention: str
                                        "mask route (exact, but attention over whole rows: R·T² scores instead of "
                                        "Σ L²)", "pip install flash-attn --no-build-isolation   (then "
                                                 "attn_implementation=auto uses it)")
+    big = device.type == "cuda"
+    return _layout_check(name, model_dir, device, attention, lambda model, tol: packing_case(
+        model, route, tol, n=12 if big else 6, prompt=(40, 200) if big else (4, 20),
+        completion=(20, 600) if big else (3, 30), pad_id=model.config.pad_token_id or 0),
+        crash_fix="report it with this output",
+        fail_fix="packed updates are not exact here: train with packing=false and report this line")
+
+
+def _layout_check(name: str, model_dir: str | Path, device: torch.device, attention: str,
+                  case: Callable[[Any, Tolerance], tuple[bool, str]], crash_fix: str, fail_fix: str) -> Check:
+    """Load the model with ``attention`` (bf16 on CUDA, fp32 on CPU) and run ``case(model, tolerance)``."""
+    from transformers import AutoModelForCausalLM
+
+    from dppo_core.models import quiet_transformers
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tol = BF16 if dtype == torch.bfloat16 else FP32
-    big = device.type == "cuda"
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention)
             model.to(device)
-        pad_id = model.config.pad_token_id or 0
-        ok, numbers = packing_case(model, route, tol, n=12 if big else 6, prompt=(40, 200) if big else (4, 20),
-                                   completion=(20, 600) if big else (3, 30), pad_id=pad_id)
+        ok, numbers = case(model, tol)
     except Exception as exc:  # noqa: BLE001
-        return Check(name, "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+        return Check(name, "FAIL", f"crashed ({_error(exc)})", crash_fix)
     finally:
         _free_cuda()
     detail = f"{str(dtype).removeprefix('torch.')}: {numbers}"
     if ok:
         return Check(name, "OK", detail)
-    return Check(name, "FAIL", f"{detail}; outside the tolerance {asdict(tol)}",
-                 "packed updates are not exact here: train with packing=false and report this line")
+    return Check(name, "FAIL", f"{detail}; outside the tolerance {asdict(tol)}", fail_fix)
 
 
 def shared_prefix_case(model, tol: Tolerance, *, groups: int, per_group: int, prompt: tuple[int, int],
                        completion: tuple[int, int], pad_id: int) -> tuple[bool, str]:
     """Segment attention (the shared-prefix update's default route, one unpadded row) against the padded layout
     for one model, with a control that lets each completion read another group's prompt: (passed, numbers)."""
+    import dataclasses
+
     from dppo_core import shared_prefix
     from dppo_core.logprobs import completion_logprobs_with_grad
     from dppo_core.packing import PackSequence
@@ -323,75 +340,43 @@ def shared_prefix_case(model, tol: Tolerance, *, groups: int, per_group: int, pr
     draws = random_sequences(vocab, groups * (per_group + 1), prompt, completion)
     seqs = [PackSequence(draws[g * (per_group + 1)][0], draws[g * (per_group + 1) + 1 + i][1])
             for g in range(groups) for i in range(per_group)]  # per_group completions share each prompt
-    n = len(seqs)
-    adv = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    adv = torch.randn(len(seqs), generator=torch.Generator().manual_seed(1)).to(device)
     lp_pad, mask = completion_logprobs_with_grad(model, [s.prompt_ids for s in seqs],
                                                  [s.completion_ids for s in seqs], 1.0, pad_id)
     loss_pad, g_pad = _loss_and_grad(model, lp_pad, mask, adv)
     (idx, batch), = shared_prefix.shared_prefix_micro_batches(seqs, None, 1, pad_id=pad_id, one_row=True)
-    order = torch.tensor(idx)
-    lp_seg = torch.zeros_like(lp_pad)
-    lp, m_seg = shared_prefix.shared_prefix_logprobs(model, batch)
-    lp_seg = lp_seg.index_copy(0, order.to(lp_seg.device), lp.to(lp_seg.dtype)[:, : lp_seg.shape[1]])
+    order = torch.tensor(idx, device=device)
+
+    def in_input_order(b) -> torch.Tensor:
+        lp = shared_prefix.shared_prefix_logprobs(model, b)[0]
+        return torch.zeros_like(lp_pad).index_copy(0, order, lp.to(lp_pad.dtype))
+
+    lp_seg = in_input_order(batch)
     loss_seg, g_seg = _loss_and_grad(model, lp_seg, mask, adv)
-    real_plan = shared_prefix.segment_plan
-
-    def other_prompt(*a: Any, **k: Any):  # the control: every completion reads the next segment's prompt
-        plan = real_plan(*a, **k)
-        for blk in plan.blocks:
-            blk.segment = (blk.segment + 1) % plan.prompt_index.shape[0]
-        return plan
-
-    shared_prefix.segment_plan = other_prompt
-    try:
-        with torch.no_grad():
-            lp_ctrl = torch.zeros_like(lp_pad).index_copy(
-                0, order.to(lp_pad.device), shared_prefix.shared_prefix_logprobs(model, batch)[0].to(lp_pad.dtype))
-    finally:
-        shared_prefix.segment_plan = real_plan
-    mb = mask.bool()
-    d = (lp_seg.float() - lp_pad.float())[mb].abs()
-    d_ctrl = (lp_ctrl.float() - lp_pad.float())[mb].abs()
-    grad_rel = ((g_seg - g_pad).norm() / g_pad.norm().clamp_min(1e-30)).item()
-    ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
-    numbers = (f"{n} sequences in {groups} groups, {batch.real_tokens} tokens in one row (unshared "
-               f"{batch.unshared_tokens}), mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), loss "
-               f"{loss_seg:.4f} vs {loss_pad:.4f}, gradient rel. diff {grad_rel:.1e}; other-prompt control "
-               f"{d_ctrl.mean():.1e} ({ratio:.3g}x)")
-    ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
-          and ratio >= tol.control_ratio and abs(loss_seg - loss_pad) <= max(tol.logprob_mean, 1e-6) * 10
-          and bool(m_seg.sum() == mask.sum()))
-    return bool(ok), numbers
+    # the control: the same row, each segment's completions attributed to the next segment (so its prompt)
+    wrong = dataclasses.replace(batch, segments=batch.segments[1:] + batch.segments[:1])
+    with torch.no_grad():
+        lp_ctrl = in_input_order(wrong)
+    ok, numbers = _compare(tol, mask, lp_pad, loss_pad, g_pad, lp_seg, loss_seg, g_seg, lp_ctrl, "other-prompt")
+    return ok, (f"{len(seqs)} sequences in {groups} groups, {batch.real_tokens} tokens in one row (unshared "
+                f"{batch.unshared_tokens}), {numbers}")
 
 
 def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
     """The shared-prefix update through segment attention equals the padded layout (log-probs, loss, gradient)."""
-    from transformers import AutoModelForCausalLM
-
     from dppo_core import shared_prefix
-    from dppo_core.models import quiet_transformers
 
-    name = "shared prefix (segment attention)"
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tol = BF16 if dtype == torch.bfloat16 else FP32
+    shared_prefix.register()
     big = device.type == "cuda"
-    try:
-        shared_prefix.register()
-        with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=shared_prefix.NAME)
-            model.to(device)
-        ok, numbers = shared_prefix_case(model, tol, groups=4 if big else 3, per_group=4 if big else 3,
-                                         prompt=(40, 200) if big else (4, 20), completion=(20, 400) if big else (3, 30),
-                                         pad_id=model.config.pad_token_id or 0)
-    except Exception as exc:  # noqa: BLE001
-        return Check(name, "FAIL", f"crashed ({_error(exc)})", "train with shared_prefix=false and report this line")
-    finally:
-        _free_cuda()
-    detail = f"{str(dtype).removeprefix('torch.')}: {numbers}"
-    if ok:
-        return Check(name, "OK", detail)
-    return Check(name, "FAIL", f"{detail}; outside the tolerance {asdict(tol)}",
-                 "the shared-prefix update is not exact here: train with shared_prefix=false and report this line")
+    return _layout_check("shared prefix (segment attention)", model_dir, device, shared_prefix.NAME,
+                         lambda model, tol: shared_prefix_case(
+                             model, tol, groups=4 if big else 3, per_group=4 if big else 3,
+                             prompt=(40, 200) if big else (4, 20), completion=(20, 400) if big else (3, 30),
+                             pad_id=model.config.pad_token_id or 0),
+                         crash_fix="train with shared_prefix=false and report this line",
+                         fail_fix="the shared-prefix update is not exact here: train with shared_prefix=false and "
+                                  "report this line")
 
 
 def check_qlora(model_dir: str | Path, device: torch.device) -> Check:

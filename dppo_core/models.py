@@ -67,6 +67,13 @@ SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "
                  "tokenizer_config.json", "chat_template.jinja", "warm_start_log.json")
 
 
+def warm_start_name(config: WarmStartConfig | None = None, model_config: TinyModelConfig | None = None) -> str:
+    """The cache directory name (``warm-<key>``) of :func:`warm_start` for these configurations (defaults: the
+    default ones)."""
+    base = f"tiny-{(model_config or TinyModelConfig()).key()}"  # build_tiny_model's directory name
+    return f"warm-{(config or WarmStartConfig()).key(base)}"
+
+
 def shipped_warm_start_name() -> str | None:
     """The cache directory name (``warm-<key>``) the shipped warm start stands for, or None if the package has
     none (a checkout without the asset)."""
@@ -429,7 +436,7 @@ def warm_start(
     config = config or WarmStartConfig()
     model_config = model_config or TinyModelConfig()
     cache = Path(cache_dir or default_cache_dir())
-    target = cache / f"warm-{config.key(f'tiny-{model_config.key()}')}"
+    target = cache / warm_start_name(config, model_config)
     if target.exists() and (target / "config.json").exists() and not force:
         return target
     if force and target.exists():

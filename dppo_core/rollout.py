@@ -292,8 +292,8 @@ class HFRollout:
 
     Costs it does not remove: every step still draws noise of the chunk's full ``(rows, vocab)`` shape
     (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step; on
-    the tiny model's CPU rollouts it is about 13% of the time), and a step in which sequences finish copies
-    the KV cache's remaining rows.
+    the tiny model's CPU rollouts a noticeable share of the time), and a step in which sequences finish
+    copies the KV cache's remaining rows.
 
     Args:
         model: a causal LM (transformers or PEFT-wrapped).

@@ -214,8 +214,6 @@ def shared_prefix_micro_batches(sequences: Sequence[PackSequence], max_tokens_pe
             else:
                 rows.append([s])
                 used = lengths[s]
-        if budget is None:
-            rows = [list(range(len(segments)))]
         rows_per_micro_batch = 1
     else:
         segments = plan_segments(sequences, max_tokens_per_row)
@@ -415,10 +413,7 @@ def segment_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 
 def register() -> None:
-    """Make ``attn_implementation=NAME`` loadable in transformers (idempotent). Its mask is sdpa's, for the
-    calls that fall back to sdpa."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    """Make ``attn_implementation=NAME`` loadable in transformers (idempotent)."""
+    from dppo_core.varlen import register_attention
 
-    AttentionInterface.register(NAME, segment_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    register_attention(NAME, segment_attention_forward)

@@ -143,11 +143,16 @@ def torch_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor,
     return out[None], None
 
 
-def register() -> None:
-    """Make ``attn_implementation="torch_varlen"`` loadable in transformers (idempotent). Its mask is sdpa's,
-    for the calls that fall back to sdpa."""
+def register_attention(name: str, forward: Callable[..., Any]) -> None:
+    """Make ``attn_implementation=name`` loadable in transformers with ``forward`` as its attention function
+    (idempotent). Its mask is sdpa's, for the calls that ``forward`` hands to sdpa."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(NAME, torch_varlen_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    AttentionInterface.register(name, forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+
+
+def register() -> None:
+    """Make ``attn_implementation="torch_varlen"`` loadable in transformers (idempotent)."""
+    register_attention(NAME, torch_varlen_attention_forward)
