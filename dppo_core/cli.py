@@ -44,7 +44,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
 
     t0 = time.perf_counter()
-    print("1/2 warm start of the embedded tiny model (cached after the first run)")
+    print("1/2 the warm-started tiny model (the copy shipped with the package; trained and cached if "
+          "--warm-start-steps asks for another)")
     path = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir)
     model, _ = load_model(path)
     print(f"    model: {path} ({count_parameters(model) / 1e6:.2f}M parameters)")
