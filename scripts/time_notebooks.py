@@ -97,10 +97,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds one cell may take (default 3600)")
     args = parser.parse_args()
 
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
     if args.chapters:
-        paths = [p for p in paths if p.name[:2] in set(args.chapters)]
-        missing = set(args.chapters) - {p.name[:2] for p in paths}
+        paths = [p for p in paths if p.name.split("_")[0] in set(args.chapters)]
+        missing = set(args.chapters) - {p.name.split("_")[0] for p in paths}
         if missing:
             parser.error(f"no notebook for chapter(s) {sorted(missing)} in {NOTEBOOKS}")
     load_before = os.getloadavg()[0]

@@ -28,7 +28,7 @@ import symtable
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -148,18 +148,20 @@ def widget_cell_index(sources: list[str]) -> int:
     raise AssertionError("no ipywidgets `interact` cell found")
 
 
-def write_trimmed_chapter(chapter: Path, dest_dir: Path) -> tuple[Path, list[int]]:
-    """Copy ``chapter`` into ``dest_dir`` with only the code cells its widget cell needs (outputs and
-    saved widget state cleared, so whatever renders comes from the live kernel), each with the markdown
-    cell right above it. Returns the copy's path and the kept code cells' indices in the chapter."""
+def write_trimmed_chapter(chapter: Path, dest_dir: Path,
+                          target: Callable[[list[str]], int] = widget_cell_index) -> tuple[Path, list[int]]:
+    """Copy ``chapter`` into ``dest_dir`` with only the code cells one of its cells needs (``target`` finds
+    that cell among the code cells' sources; by default the widget cell), outputs and saved widget state
+    cleared, so whatever renders comes from the live kernel, each with the markdown cell right above it.
+    Returns the copy's path and the kept code cells' indices in the chapter."""
     import nbformat
 
     nb = nbformat.read(chapter, as_version=4)
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     sources = [nb.cells[i].source for i in code]
-    keep = [code[k] for k in needed_cells(sources, widget_cell_index(sources))]
+    keep = [code[k] for k in needed_cells(sources, target(sources))]
     cells = [nbformat.v4.new_markdown_cell(
-        f"*Copy of `{chapter.name}` made by `tests/test_browser.py`: only the cells its widget needs "
+        f"*Copy of `{chapter.name}` made by `tests/test_browser.py`: only the cells its target cell needs "
         f"(code cells {', '.join(str(i) for i in keep)} of the chapter).*")]
     for i in keep:
         if i > 0 and nb.cells[i - 1].cell_type == "markdown" and i - 1 not in keep:
@@ -498,3 +500,81 @@ def _wait_for_new_image(page, old_src: str | None) -> str:
     src = page.locator(OUTPUT_IMG).get_attribute("src")
     assert src and src != old_src
     return src
+
+
+# ----------------------------------------------------------------------------------------------------
+# A chapter's check in the browser: chapter 03b's Horvitz-Thompson enumeration
+
+ESTIMATION_CHAPTER = REPO_ROOT / "notebooks" / "03b_estimation.ipynb"
+HT_PRINT = 'print(f"E[Ŷ] = '  # the line that prints the exact mean and variance over every keep pattern
+HT_OUTPUT = re.compile(r"E\[Ŷ\] = ([\d.]+), Σ y = ([\d.]+) \| Var\[Ŷ\] = ([\d.]+), formula ([\d.]+)")
+
+
+def horvitz_thompson_cell_index(sources: list[str]) -> int:
+    return next(i for i, s in enumerate(sources) if HT_PRINT in s)
+
+
+@pytest.mark.slow
+def test_estimation_chapter_horvitz_thompson_cell_runs_in_chromium(chromium, jupyter_lab, tmp_path):
+    """Chapter 03b opened in JupyterLab in Chromium: its exact Horvitz-Thompson check runs in the live kernel
+    (with the cells it needs, the training-run cell left out) and its printed mean and variance match Σ y and
+    the Poisson formula."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    lab, root = jupyter_lab
+    notebook, kept = write_trimmed_chapter(ESTIMATION_CHAPTER, root, horvitz_thompson_cell_index)
+    kept_code = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                        if c["cell_type"] == "code")
+    assert HT_PRINT in kept_code and "train_step(" not in kept_code, kept  # the slice skips the training run
+    url = f"{lab.url}/lab/tree/{notebook.name}?token={lab.token}"
+    output_js = """(marker) => [...document.querySelectorAll('.jp-OutputArea-output')]
+        .map(e => e.textContent).find(t => t.includes(marker)) || null"""
+    console: list[str] = []
+    step = "starting Chromium"
+    t0 = time.monotonic()
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900}, timeout=120_000)
+        page = context.pages[0] if context.pages else context.new_page()
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        try:
+            step = "loading JupyterLab and starting the kernel"
+            page.goto(url, wait_until="domcontentloaded", timeout=LAB_LOAD_MS)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=LAB_LOAD_MS)
+            page.wait_for_function(
+                "() => /\\|\\s*Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')",
+                timeout=LAB_LOAD_MS, polling=POLL_MS)
+
+            step = "running the cells (Run > Run All Cells)"
+            page.get_by_role("menubar").get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            page.wait_for_function(
+                f"() => ({output_js})('E[Ŷ] =') !== null || ({TRACEBACK_JS})() !== null"
+                " || document.querySelector('.jp-Dialog') !== null", timeout=RUN_CELLS_MS, polling=POLL_MS)
+            traceback = page.evaluate(TRACEBACK_JS)
+            assert traceback is None, f"a cell failed:\n{traceback}"
+            assert page.locator(".jp-Dialog").count() == 0, "a dialog opened instead of the output"
+            shown = page.evaluate(output_js, "E[Ŷ] =")
+            found = HT_OUTPUT.search(shown or "")
+            assert found, f"the Horvitz-Thompson cell printed {shown!r}"
+            mean, total, var, formula = map(float, found.groups())
+            assert mean == total and var == formula, shown
+            shots = _save_screenshot(page, tmp_path, "chapter-03b-horvitz-thompson.png")
+        except (PlaywrightError, AssertionError) as e:
+            shots = []
+            try:
+                shots = _save_screenshot(page, tmp_path, "chapter-03b-FAILED.png")
+            except Exception as shot_error:
+                console.append(f"(failure screenshot not taken: {shot_error})")
+            errors = "\n".join(console[-15:]) or "none"
+            pytest.fail(f"browser test failed while {step} after {time.monotonic() - t0:.0f} s "
+                        f"(chapter {ESTIMATION_CHAPTER.name}, code cells {kept}): {e}\n{_page_state(page)}\n"
+                        f"browser console errors:\n{errors}\nscreenshot: {[str(p) for p in shots]}\n"
+                        f"server log:\n{lab.log_tail(15)}", pytrace=False)
+        finally:
+            context.close()
+    print(f"browser test: chapter {ESTIMATION_CHAPTER.name} (code cells {kept}) in {time.monotonic() - t0:.0f} s; "
+          f"screenshot: {', '.join(str(p) for p in shots)}")

@@ -92,7 +92,7 @@ LAYERS = [
     {"estimator"},
     {"rollout", "vllm_engine"},
     {"trainer", "data", "policy", "logprobs", "checkpoint", "distributed", "evaluate"},
-    {"cli", "bench", "doctor", "gpu_check", "integrations"},
+    {"cli", "bench", "doctor", "gpu_check", "course", "integrations"},
 ]
 
 

@@ -7,6 +7,7 @@ are the small ones the files build into ``$DPPO_CACHE_DIR`` (seconds), never the
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import runpy
@@ -15,16 +16,25 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("ch[0-9][0-9]_*.py"))
-CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("ch[0-9][0-9]*_*.py"))
+CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
 
 
-def _exercises_cell(notebook: Path) -> str:
+def _exercises(notebook: Path) -> tuple[str, list[tuple[int, str, dict]]]:
+    """The "## Exercises" cell's text, and each exercise after it: (number, its markdown, its code cell)."""
     cells = json.loads(notebook.read_text())["cells"]
-    found = [c for c in cells if c["cell_type"] == "markdown" and "## Exercises" in "".join(c["source"])]
-    assert found, f"{notebook.name} has no '## Exercises' section"
-    text = "".join(found[-1]["source"])
-    return text[text.index("## Exercises"):]
+    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "## Exercises" in "".join(c["source"])]
+    assert starts, f"{notebook.name} has no '## Exercises' section"
+    intro, rest = "".join(cells[starts[-1]]["source"]), cells[starts[-1] + 1:]
+    found = []
+    for i, cell in enumerate(rest):
+        text = "".join(cell["source"])
+        heading = re.match(r"### Exercise (\d+)\. ", text)
+        if cell["cell_type"] == "markdown" and heading:
+            assert i + 1 < len(rest) and rest[i + 1]["cell_type"] == "code", \
+                f"{notebook.name}: exercise {heading[1]} has no code cell under it"
+            found.append((int(heading[1]), text, rest[i + 1]))
+    return intro, found
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
@@ -35,13 +45,37 @@ def test_solution_file_runs_and_its_checks_pass(solution, cache_dir, monkeypatch
 
 
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
-def test_every_chapter_has_exercises_with_solutions(notebook):
-    """The chapter ends with 2-4 exercises; its solution file has one function per exercise and is named there."""
-    solution = [s for s in SOLUTIONS if s.name.startswith(f"ch{notebook.name[:2]}_")]
-    assert len(solution) == 1, f"expected one notebooks/solutions/ch{notebook.name[:2]}_*.py, found {solution}"
-    text = _exercises_cell(notebook)
-    items = re.findall(r"^(\d+)\. ", text, flags=re.M)
-    functions = re.findall(r"^def (exercise_\d+)\(", solution[0].read_text(), flags=re.M)
-    assert 2 <= len(items) <= 4, f"{notebook.name}: {len(items)} exercises"
-    assert functions == [f"exercise_{i}" for i in range(1, len(items) + 1)], (notebook.name, items, functions)
-    assert f"solutions/{solution[0].name}" in text, f"{notebook.name} does not point to its solutions"
+def test_every_chapter_has_exercises_with_solutions_and_checks(notebook):
+    """The chapter ends with 2-4 exercises; each has a stub cell whose ``check()`` runs the solution's asserts.
+
+    The solution file has one function per exercise; its parameters are the pieces the student writes, each
+    defined (``def``/``class``) in the exercise's cell and passed to ``check`` by name, so every exercise is
+    checked on code the student wrote, never on numbers typed by hand. As the chapter ships, the stub raises
+    ``NotImplementedError`` and the stored output says the exercise is not done yet.
+    """
+    chapter = notebook.name.split("_")[0]
+    solution = [s for s in SOLUTIONS if s.name.startswith(f"ch{chapter}_")]
+    assert len(solution) == 1, f"expected one notebooks/solutions/ch{chapter}_*.py, found {solution}"
+    stem = solution[0].stem
+    intro, exercises = _exercises(notebook)
+    assert f"solutions/{solution[0].name}" in intro, f"{notebook.name} does not point to its solutions"
+    assert 2 <= len(exercises) <= 4, f"{notebook.name}: {len(exercises)} exercises"
+    assert [n for n, _, _ in exercises] == list(range(1, len(exercises) + 1)), notebook.name
+    module = runpy.run_path(str(solution[0]), run_name=stem)
+    functions = sorted(name for name in module if re.fullmatch(r"exercise_\d+", name))
+    assert functions == [f"exercise_{n}" for n, _, _ in exercises], (notebook.name, functions)
+    for n, _, cell in exercises:
+        code = "".join(cell["source"])
+        call = re.search(rf'check\("{stem}", {n}((?:, \w+=\w+)*)\)', code)
+        assert call, f'{notebook.name}, exercise {n}: its cell must call check("{stem}", {n}, piece=piece, ...)'
+        pieces = re.findall(r"(\w+)=(\w+)", call[1])
+        takes = list(inspect.signature(module[f"exercise_{n}"]).parameters)
+        assert pieces and all(a == b for a, b in pieces), (notebook.name, n, pieces)
+        for name, _ in pieces:
+            assert name in takes, f"{notebook.name}, exercise {n}: exercise_{n} takes {takes}, not {name}"
+            assert re.search(rf"^(def|class) {name}\b", code, re.M), \
+                f"{notebook.name}, exercise {n}: {name} is passed to check() but not written in the cell"
+        assert "NotImplementedError" in code, f"{notebook.name}, exercise {n}: the stub must raise NotImplementedError"
+        shown = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+        assert f"exercise {n}: not done yet" in shown, \
+            f"{notebook.name}, exercise {n}: the stored output should be the stub's 'not done yet'"

@@ -12,25 +12,14 @@ from fractions import Fraction
 import torch
 
 from dppo_core.evaluate import evaluate_task
-from dppo_core.models import (
-    SPECIAL_TOKENS,
-    TinyModelConfig,
-    build_tiny_model,
-    build_tokenizer,
-    count_parameters,
-    load_model,
-)
+from dppo_core.models import SPECIAL_TOKENS, TinyModelConfig, build_tiny_model, build_tokenizer, load_model
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
 from dppo_core.tasks import ArithmeticTask
-
-# The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
-SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: a tokenizer without the digit pre-tokenizer
 # --------------------------------------------------------------------------------------------------
+
 
 def tokenizer_without_digit_split(n_problems: int = 5000, seed: int = 0):
     """build_tokenizer's BPE, trained on task text, but with ByteLevel pre-tokenization only."""
@@ -49,23 +38,37 @@ def tokenizer_without_digit_split(n_problems: int = 5000, seed: int = 0):
     return tok
 
 
-def exercise_1() -> None:
+def _tokens(tokenizer, text: str) -> list[str]:
+    """The tokens of `text`, for a `tokenizers.Tokenizer` or a transformers tokenizer."""
+    if hasattr(tokenizer, "tokenize"):
+        return tokenizer.tokenize(text)
+    return tokenizer.encode(text).tokens
+
+
+def exercise_1(tokenizer_without_digit_split=tokenizer_without_digit_split) -> None:
+    tok = tokenizer_without_digit_split()
     text = "147+258"
-    merged = tokenizer_without_digit_split().encode(text).tokens
-    split = build_tokenizer().tokenize(text)
+    merged, split = _tokens(tok, text), build_tokenizer().tokenize(text)
     print(f"without the digit split: {merged} | dppo_core: {split}")
-    # The package's tokenizer gives one token per digit ...
-    assert split == list(text)
-    # ... while plain BPE learns multi-digit tokens from frequent numbers, so the same digit is spelled by
-    # different tokens depending on its neighbours ("14"+"7" here, "1"+"47" elsewhere): the model has to
-    # learn place value separately for every chunk, and carries cross token boundaries irregularly.
-    assert any(sum(ch.isdigit() for ch in t) >= 2 for t in merged)
+    assert split == list(text)                                          # the package: one token per digit
+    assert "".join(merged) == text, "the tokens should spell the text (ByteLevel, no prefix space)"
+    vocab = tok.get_vocab()
+    assert all(s in vocab for s in SPECIAL_TOKENS), "keep build_tokenizer's special tokens"
+    # Plain BPE learns multi-digit tokens from frequent numbers ...
+    assert any(sum(ch.isdigit() for ch in t) >= 2 for t in merged), "no token holds two digits: digits still split?"
     assert len(merged) < len(split)
+    # ... so the same place value is spelled by different chunks in different numbers: among all three-digit
+    # numbers, the split into tokens (the tokens' lengths) is not one pattern but several, and the model has
+    # to learn carrying separately for each way a number is cut.
+    patterns = {tuple(len(t) for t in _tokens(tok, str(n))) for n in range(100, 1000)}
+    print(f"three-digit numbers are cut in {len(patterns)} different ways, e.g. {sorted(patterns)[:4]}")
+    assert len(patterns) > 1
 
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 2: the parameter count of a Qwen3 model, from its config
 # --------------------------------------------------------------------------------------------------
+
 
 def qwen3_parameters(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
                      head_dim: int, tied: bool = False) -> int:
@@ -80,66 +83,105 @@ def qwen3_parameters(vocab: int, hidden: int, intermediate: int, layers: int, he
     return embeddings + layers * (attention + mlp + norms) + hidden
 
 
-def exercise_2() -> None:
-    for cfg in (TinyModelConfig(), SMALL):
-        model, tokenizer = load_model(build_tiny_model(cfg))
-        ours = qwen3_parameters(len(tokenizer), cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-                                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        print(f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers: formula {ours:,} == count_parameters "
-              f"{count_parameters(model):,}")
-        assert ours == count_parameters(model)
-    # Where the default model's parameters are: the SwiGLU MLPs hold almost three quarters of them.
+def _qwen3(vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, tied):
+    """A randomly initialised Qwen3ForCausalLM of that shape (no tokenizer, nothing saved)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                                        num_hidden_layers=layers, num_attention_heads=heads,
+                                        num_key_value_heads=kv_heads, head_dim=head_dim,
+                                        tie_word_embeddings=tied))
+
+
+def exercise_2(qwen3_parameters=qwen3_parameters) -> None:
     cfg = TinyModelConfig()
-    total = qwen3_parameters(309, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-                             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-    mlp_share = cfg.num_hidden_layers * 3 * cfg.hidden_size * cfg.intermediate_size / total
-    print(f"MLP share of the default model: {mlp_share:.0%}")
-    assert 0.7 < mlp_share < 0.75
+    model, tokenizer = load_model(build_tiny_model(cfg))                 # the chapter's model (cached)
+    shape = (len(tokenizer), cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    ours, theirs = qwen3_parameters(*shape), sum(p.numel() for p in model.parameters())
+    print(f"TinyModelConfig(): formula {ours:,}, the model {theirs:,}")
+    assert ours == theirs, f"TinyModelConfig(): your formula gives {ours:,}, the model has {theirs:,}"
+    # Other shapes, built directly: more query heads than kv heads, head_dim != hidden / heads, tied embeddings.
+    for other in [(100, 32, 48, 1, 4, 2, 16, False), (57, 24, 40, 3, 3, 1, 12, True), (80, 16, 16, 2, 2, 2, 8, False)]:
+        expected = sum(p.numel() for p in _qwen3(*other).parameters())
+        got = qwen3_parameters(*other[:-1], tied=other[-1])
+        assert got == expected, f"shape {other}: your formula gives {got:,}, the model has {expected:,}"
+    # Which part holds most of the default model? Measured on the model's own tensors, and read off the formula
+    # (the MLP is what intermediate = 0 removes); the two must agree.
+    part = {"embeddings and head": 0, "attention": 0, "MLP": 0, "norms": 0}
+    for name, p in model.named_parameters():
+        key = ("MLP" if ".mlp." in name else "attention" if ".self_attn." in name and "norm" not in name
+               else "embeddings and head" if "embed" in name or "lm_head" in name else "norms")
+        part[key] += p.numel()
+    mlp_by_formula = ours - qwen3_parameters(len(tokenizer), cfg.hidden_size, 0, *shape[3:])
+    assert mlp_by_formula == part["MLP"]
+    print("shares of the default model: " + ", ".join(f"{k} {v / theirs:.0%}" for k, v in part.items()))
+    assert max(part, key=part.get) == "MLP"
 
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 3: the standard error evaluate_task reports, and how many problems make it small
 # --------------------------------------------------------------------------------------------------
 
-class ScriptedEngine:
-    """A stand-in rollout engine: answers right for the first `n_right` prompts it sees, wrong after."""
 
-    def __init__(self, task: ArithmeticTask, n_right: int):
-        self.answers = {p.prompt: p.answer for level in task.levels for p in task.test(level)}
-        self.n_right, self.seen = n_right, 0
-
-    def generate(self, prompts, num_generations, sampling):
-        groups = []
-        for messages in prompts:
-            answer = self.answers[messages[-1]["content"]]
-            given = answer if self.seen < self.n_right else answer + 1
-            self.seen += 1
-            text = f"\\boxed{{{given}}}"
-            groups.append(RolloutGroup(messages, [], [Completion([], text, [], "stop")] * num_generations))
-        return RolloutBatch(groups)
+def standard_error(accuracies: list[float]) -> float:
+    """SE of the mean of per-problem accuracies a_j: sqrt(sum_j (a_j - mean)^2 / (n (n - 1)))."""
+    n = len(accuracies)
+    mean = sum(accuracies) / n
+    return math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (n * (n - 1)))
 
 
-def standard_error(accuracy: float, n: int) -> float:
-    """SE of a mean of n 0/1 scores, with the sample variance (n - 1 in the denominator) as evaluate_task uses."""
-    return math.sqrt(accuracy * (1 - accuracy) * n / (n - 1) / n)
+def problems_for(se: Fraction, accuracy: Fraction) -> int:
+    """The fewest problems n whose 0/1 scores, right with share `accuracy`, have SE < `se`.
 
-
-def problems_for(se: str, accuracy: str) -> int:
-    """The fewest problems n with SE < se, i.e. p(1-p)/(n-1) < se^2 (in exact fractions: no rounding at 225)."""
+    The sample variance of n such scores is n p (1 - p) / (n - 1), so SE^2 = p (1 - p) / (n - 1): the fewest n
+    with n - 1 > p (1 - p) / se^2. In exact fractions, so that a bound that is an integer (225 for p = 0.9,
+    se = 0.02) is not rounded to the wrong side.
+    """
     p, e = Fraction(accuracy), Fraction(se)
     return math.floor(p * (1 - p) / e**2) + 2
 
 
-def exercise_3() -> None:
+class ScriptedEngine:
+    """A stand-in rollout engine: problem k (in the order it is asked) gets `right[k]` right samples first."""
+
+    def __init__(self, task: ArithmeticTask, right: list[int]):
+        self.answers = {p.prompt: p.answer for level in task.levels for p in task.test(level)}
+        self.right, self.seen = right, 0
+
+    def generate(self, prompts, num_generations, sampling):
+        groups = []
+        for messages in prompts:
+            answer, k = self.answers[messages[-1]["content"]], self.right[self.seen]
+            self.seen += 1
+            texts = [f"\\boxed{{{answer if i < k else answer + 1}}}" for i in range(num_generations)]
+            groups.append(RolloutGroup(messages, [], [Completion([], t, [], "stop") for t in texts]))
+        return RolloutBatch(groups)
+
+
+def exercise_3(standard_error=standard_error, problems_for=problems_for) -> None:
     task = ArithmeticTask()
     level1 = task.test(1)                                   # all 21 held-out level-1 problems
-    result = evaluate_task(ScriptedEngine(task, n_right=19), level1).levels[1]
-    ours = standard_error(19 / 21, 21)
-    print(f"19 of 21 right: accuracy {result.accuracy:.3f}, SE {result.stderr:.4f} (ours {ours:.4f})")
-    assert math.isclose(result.stderr, ours, rel_tol=1e-12)
-    n = problems_for("0.02", "0.9")
-    print(f"SE < 0.02 at accuracy 0.9 needs {n} problems (n - 1 must exceed 0.9 * 0.1 / 0.02^2 = 225)")
-    assert n == 227 and standard_error(0.9, n) < 0.02 < standard_error(0.9, n - 2)
+    rng = random.Random(0)
+    cases = [[1] * 19 + [0] * 2, [1] * 10 + [0] * 11, [rng.randint(0, 2) for _ in level1]]
+    for right in cases:
+        samples = max(right) if max(right) > 1 else 1
+        reported = evaluate_task(ScriptedEngine(task, right), level1, samples_per_problem=samples).levels[1]
+        ours = standard_error([k / samples for k in right])
+        assert math.isclose(ours, reported.stderr, rel_tol=1e-9), (right, ours, reported.stderr)
+    print(f"19 of 21 right: SE {standard_error([1.0] * 19 + [0.0] * 2):.4f}, as evaluate_task reports")
+    # The fewest problems for a target SE, against a search over n in exact arithmetic:
+    for se, p in [("0.02", "0.9"), ("0.01", "0.5"), ("0.05", "0.75"), ("0.03", "0.2"), ("0.1", "0.5")]:
+        se, p = Fraction(se), Fraction(p)
+        n = problems_for(se, p)
+        assert isinstance(n, int) and n >= 2
+        assert p * (1 - p) / (n - 1) < se**2, f"SE({n} problems) = sqrt({p * (1 - p) / (n - 1)}) is not < {se}"
+        assert n == 2 or p * (1 - p) / (n - 2) >= se**2, f"{n - 1} problems already give SE < {se}"
+    n = problems_for(Fraction("0.02"), Fraction("0.9"))
+    print(f"SE < 0.02 at accuracy 0.9 needs {n} problems; level 1 has {len(level1)}")
+    # The same on scores the chapter's formula sees: 0/1 scores at that accuracy, when n makes it a whole count.
+    scores = [1.0] * 9 + [0.0]
+    assert math.isclose(standard_error(scores * 30), math.sqrt(0.09 / 299), rel_tol=1e-9)
 
 
 def main() -> None:

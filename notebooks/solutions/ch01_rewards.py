@@ -40,19 +40,21 @@ def my_number(s: str) -> Fraction | None:
     return None if value is None else value * Fraction(10) ** exponent
 
 
-def exercise_1() -> None:
-    cases = ["6.5 \\times 10^{-2}", "1.2e-8", "-3E4", "2.5 \\times 10^3", "7 \\cdot 10^{2}", "1,000", "\\frac{3}{4}",
-             "0.065", "42", "\\$18.00"]
+def exercise_1(my_number=my_number) -> None:
+    cases = ["6.5 \\times 10^{-2}", "1.2e-8", "-3E4", "2.5 \\times 10^3", "7 \\cdot 10^{2}", "4.1E+5", "1,000",
+             "\\frac{3}{4}", "0.065", "42", "\\$18.00", "-7/8"]
     for s in cases:
         assert my_number(s) == parse_number(s), (s, my_number(s), parse_number(s))
+        assert isinstance(my_number(s), Fraction), f"{s!r}: return a Fraction (exact), not {type(my_number(s))}"
     assert my_number("6.5 \\times 10^{-2}") == my_number("0.065") == Fraction(13, 200)
+    assert my_number("1.2e-8") == Fraction(12, 10**9)                 # exactly: Fraction(1.2e-8) is not
     print(f"my_number == dppo_core.rewards.parse_number on {len(cases)} answers, scientific notation included")
     # 1.24e-8 and 1.25e-8 differ by 0.8% of their size: two different measurements, not a rounding of one
     # number. A tolerance on the absolute difference (1e-10 < 1e-6) would call them equal; the package's
     # tolerance is relative (REL_TOL of the larger magnitude), so tiny numbers are compared at their scale.
-    a, b = parse_number("1.24e-8"), parse_number("1.25e-8")
-    assert abs(a - b) < Fraction(1, 10**6) and not numbers_equal(a, b)
-    assert numbers_equal(parse_number("0.333333333"), Fraction(1, 3))  # a rounded 1/3 still matches
+    a, b = my_number("1.24e-8"), my_number("1.25e-8")
+    assert a != b and abs(a - b) < Fraction(1, 10**6) and not numbers_equal(a, b)
+    assert numbers_equal(my_number("0.333333333"), Fraction(1, 3))  # a rounded 1/3 still matches
     print(f"1.24e-8 vs 1.25e-8: equal under an absolute 1e-6 tolerance, not under the relative {REL_TOL:g}")
 
 
@@ -66,24 +68,33 @@ def my_pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def exercise_2() -> None:
+def exercise_2(my_pass_at_k=my_pass_at_k) -> None:
     checked = 0
     for n in range(1, 17):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert math.isclose(my_pass_at_k(n, c, k), pass_at_k(n, c, k), abs_tol=1e-12)
+                assert math.isclose(my_pass_at_k(n, c, k), pass_at_k(n, c, k), abs_tol=1e-12), (n, c, k)
                 checked += 1
     print(f"my pass@k == dppo_core.evaluate.pass_at_k on {checked} (n, c, k) with n <= 16")
     # The definition, by brute force: the share of the k-subsets of n samples (c correct) with a correct one.
     n, c, k = 8, 2, 3
     samples = [1] * c + [0] * (n - c)
     subsets = list(combinations(range(n), k))
-    assert math.isclose(sum(any(samples[i] for i in s) for s in subsets) / len(subsets), pass_at_k(n, c, k))
-    # The plug-in estimate 1 - (1 - c/n)^k (as if sampling with replacement) is biased low:
-    plug_in = 1 - (1 - c / n) ** k
-    print(f"n={n}, c={c}, k={k}: pass@k {pass_at_k(n, c, k):.4f}, plug-in 1-(1-c/n)^k {plug_in:.4f}")
-    assert plug_in < pass_at_k(n, c, k)
-    assert pass_at_k(n, c, 1) == c / n  # pass@1 is the accuracy
+    assert math.isclose(sum(any(samples[i] for i in s) for s in subsets) / len(subsets), my_pass_at_k(n, c, k))
+    assert my_pass_at_k(n, c, 1) == c / n  # pass@1 is the accuracy
+    # Unbiased: if each of the n samples is right with probability p, c ~ Binomial(n, p) and the estimator's
+    # expectation is exactly the true pass@k, 1 - (1 - p)^k. The plug-in 1 - (1 - c/n)^k is below the
+    # estimator for every c (strictly when 0 < c < n and k >= 2), so its expectation is biased low.
+    n, p = 10, Fraction(3, 10)
+    binomial = [math.comb(n, c) * p**c * (1 - p) ** (n - c) for c in range(n + 1)]
+    for k in range(1, n + 1):
+        expected = sum(float(w) * my_pass_at_k(n, c, k) for c, w in enumerate(binomial))
+        plug_in = sum(float(w) * (1 - (1 - c / n) ** k) for c, w in enumerate(binomial))
+        truth = 1 - (1 - float(p)) ** k
+        assert math.isclose(expected, truth, rel_tol=1e-9), (k, expected, truth)
+        assert k == 1 or plug_in < truth
+    print(f"n={n}, p={float(p)}, k=4: E[pass@k estimate] = {1 - (1 - float(p)) ** 4:.4f} (the truth); E[plug-in] = "
+          f"{sum(float(w) * (1 - (1 - c / n) ** 4) for c, w in enumerate(binomial)):.4f} (low)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,21 +120,29 @@ def my_format_reward(prompts, completions, **columns) -> list[float]:
     return out
 
 
-def exercise_3() -> None:
+def exercise_3(my_format_reward=my_format_reward) -> None:
     completions = [
         "9 * 2 = 18, so \\boxed{18}.",                      # well formed
         "\\boxed{\\frac{1}{2}}",                            # nested braces
         "\\boxed{17} or maybe \\boxed{18}",                 # two boxes
         "It is 18",                                         # no box
         "\\boxed{}",                                        # empty box
+        "\\boxed{ }",                                       # a box of spaces only
         "\\boxed{18",                                      # cut off inside the box
         "\\boxed{18} " + "and then I kept talking about something else entirely",  # answer not at the end
+        "\\boxed{18}" + "x" * 40,                           # 40 characters after the box: still fine
+        "\\boxed{18}" + "x" * 41,                           # 41: too many
+        "\\fbox{7}",                                        # an fbox counts as a box too
         [{"role": "assistant", "content": "so the answer is $\\boxed{4}$"}],  # a conversation
+        [{"role": "assistant", "content": "\\boxed{4} \\boxed{4}"}],          # a conversation, two boxes
     ]
     ours = my_format_reward(None, completions)
     package = format_reward(None, completions)
     print(f"format rewards {ours} == dppo_core.rewards.format_reward: {ours == package}")
-    assert ours == package == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert len(ours) == len(completions) and all(isinstance(x, float) for x in ours)
+    for completion, mine, theirs in zip(completions, ours, package, strict=True):
+        assert mine == theirs, f"{completion!r}: yours {mine}, dppo_core {theirs}"
+    assert my_format_reward(prompts=["q"], completions=["\\boxed{1}"], answer=["1"]) == [1.0]  # TRL's call
 
 
 def main() -> None:

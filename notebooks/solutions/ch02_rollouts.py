@@ -27,67 +27,114 @@ def small_model():
 # Exercise 1: sampling with a KV cache, checked against the chapter's loop without one
 # --------------------------------------------------------------------------------------------------
 
-def _pick(z, temperature, gen):
-    logp = torch.log_softmax(z / (temperature or 1.0), -1)
-    y = logp.argmax(-1) if temperature == 0 else torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
-    return y, logp.gather(-1, y[:, None]).squeeze(-1)
+@torch.no_grad()
+def sample_from_scratch(model, prompt_ids, G, temperature, max_tokens, eos_id, seed):
+    """The chapter's loop, unchanged: the whole sequence through the model at every step (no KV cache)."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.tensor([prompt_ids] * G)                 # (G, P): one row per sample
+    logps = torch.zeros(G, 0)                            # (G, t) log mu(y_t) so far
+    done = torch.zeros(G, dtype=torch.bool)              # (G,) has produced eos
+    for _ in range(max_tokens):
+        z = model(seq).logits[:, -1].float()             # (G, vocab): the whole sequence, every step
+        if temperature == 0:
+            logp = torch.log_softmax(z, -1)
+            y = logp.argmax(-1)                          # (G,)
+        else:
+            logp = torch.log_softmax(z / temperature, -1)
+            y = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+        y = torch.where(done, eos_id, y)                 # finished rows keep emitting eos (cut below)
+        logps = torch.cat([logps, logp.gather(-1, y[:, None])], 1)
+        seq = torch.cat([seq, y[:, None]], 1)
+        done |= y == eos_id
+        if done.all():
+            break
+    samples = []
+    for g in range(G):
+        ids = seq[g, len(prompt_ids):].tolist()
+        n = ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+        samples.append({"token_ids": ids[:n], "logprobs": logps[g, :n].tolist(),
+                        "finish_reason": "stop" if eos_id in ids else "length"})
+    return samples
 
 
 @torch.no_grad()
-def sample(model, prompt_ids, G, temperature, max_tokens, eos_id, seed, kv_cache):
-    """The chapter's sample_from_scratch; with kv_cache=True each step feeds only the newest token.
+def sample_with_kv_cache(model, prompt_ids, G, temperature, max_tokens, eos_id, seed):
+    """sample_from_scratch with a KV cache: the prompt once (use_cache=True), then only the newest token.
 
-    Returns (token ids per sample, log-probs per sample, token positions the model was run on in total).
+    Same draws from the same generator, same return value (one dict per sample: token_ids, logprobs,
+    finish_reason); the model is not run again after the last token is drawn.
     """
     gen = torch.Generator().manual_seed(seed)
-    seq = torch.tensor([prompt_ids] * G)                     # (G, P)
-    out = model(seq, use_cache=kv_cache)
-    passes = seq.shape[1]
-    past = out.past_key_values if kv_cache else None
-    z = out.logits[:, -1].float()                            # (G, vocab)
+    out = model(torch.tensor([prompt_ids] * G), use_cache=True)   # (G, P): the prompt, once
+    past = out.past_key_values
+    z = out.logits[:, -1].float()                                   # (G, vocab)
     tokens, logps = [], []
     done = torch.zeros(G, dtype=torch.bool)
     for t in range(max_tokens):
-        y, lp = _pick(z, temperature, gen)
+        if temperature == 0:
+            logp = torch.log_softmax(z, -1)
+            y = logp.argmax(-1)
+        else:
+            logp = torch.log_softmax(z / temperature, -1)
+            y = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
         y = torch.where(done, eos_id, y)
         tokens.append(y)
-        logps.append(lp)
-        seq = torch.cat([seq, y[:, None]], 1)
+        logps.append(logp.gather(-1, y[:, None]).squeeze(-1))
         done |= y == eos_id
         if done.all() or t == max_tokens - 1:
             break
-        if kv_cache:
-            out = model(y[:, None], past_key_values=past, use_cache=True)   # one new position per row
-            past, passes = out.past_key_values, passes + 1
-        else:
-            out = model(seq)                                                # the whole sequence again
-            passes += seq.shape[1]
-        z = out.logits[:, -1].float()
-    ids, lps = torch.stack(tokens, 1), torch.stack(logps, 1)  # (G, L)
+        out = model(y[:, None], past_key_values=past, use_cache=True)   # (G, 1): one new position per row
+        past, z = out.past_key_values, out.logits[:, -1].float()
+    ids, lps = torch.stack(tokens, 1), torch.stack(logps, 1)            # (G, L)
     samples = []
     for g in range(G):
         row = ids[g].tolist()
         n = row.index(eos_id) + 1 if eos_id in row else len(row)
-        samples.append((row[:n], lps[g, :n]))
-    return samples, passes
+        samples.append({"token_ids": row[:n], "logprobs": lps[g, :n].tolist(),
+                        "finish_reason": "stop" if eos_id in row else "length"})
+    return samples
 
 
-def exercise_1() -> None:
+class PositionCounter(torch.nn.Module):
+    """Wraps a model and counts the token positions each row is run on (the length of every input_ids)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.positions = model, 0
+
+    def forward(self, input_ids=None, *args, **kwargs):
+        self.positions += input_ids.shape[-1]
+        return self.model(input_ids, *args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.model, name)
+
+
+def exercise_1(sample_with_kv_cache=sample_with_kv_cache) -> None:
     model, tokenizer = small_model()
-    prompt = encode_prompt(tokenizer, ArithmeticTask().test_set(1)[0].messages())
-    P, L = len(prompt), 24
-    for temperature in (0.0, 0.8):
-        plain, plain_passes = sample(model, prompt, 4, temperature, L, tokenizer.eos_token_id, 0, kv_cache=False)
-        cached, cached_passes = sample(model, prompt, 4, temperature, L, tokenizer.eos_token_id, 0, kv_cache=True)
-        assert [s[0] for s in plain] == [s[0] for s in cached]             # the same tokens
-        diff = max((a[1] - b[1]).abs().max().item() for a, b in zip(plain, cached, strict=True))
-        assert diff < 1e-4
-        steps = max(len(s[0]) for s in plain)                              # model calls = tokens generated
-        # Without a cache step t runs over P + t positions: sum_t (P + t) = O(L (P + L)); with one, P + (L - 1).
-        assert plain_passes == sum(P + t for t in range(steps))
-        assert cached_passes == P + steps - 1
-        print(f"T={temperature}: same tokens, log-probs within {diff:.1e}; {steps} steps cost {plain_passes} token "
-              f"positions without the cache, {cached_passes} with it")
+    eos = tokenizer.eos_token_id
+    for problem, temperature, max_tokens in [(0, 0.0, 24), (0, 0.8, 24), (1, 0.8, 24), (2, 1.0, 6)]:
+        prompt = encode_prompt(tokenizer, ArithmeticTask().test_set(1)[problem].messages())
+        plain_model, cached_model = PositionCounter(model), PositionCounter(model)
+        plain = sample_from_scratch(plain_model, prompt, 4, temperature, max_tokens, eos, seed=problem)
+        cached = sample_with_kv_cache(cached_model, prompt, 4, temperature, max_tokens, eos, seed=problem)
+        assert len(cached) == 4, "one sample per row, G of them"
+        assert [s["token_ids"] for s in cached] == [s["token_ids"] for s in plain], "not the same tokens"
+        assert [s["finish_reason"] for s in cached] == [s["finish_reason"] for s in plain]
+        diff = max(max((abs(a - b) for a, b in zip(x["logprobs"], y["logprobs"], strict=True)), default=0.0)
+                   for x, y in zip(plain, cached, strict=True))
+        assert diff < 1e-4, f"log-probs differ by {diff:.1e}"
+        # Without a cache step t runs over P + t positions: sum_t (P + t); with one, the prompt once and then one
+        # position per new token after the first: P + (L - 1).
+        P, L = len(prompt), max(len(s["token_ids"]) for s in plain)
+        assert plain_model.positions == sum(P + t for t in range(L))
+        assert cached_model.positions == P + L - 1, \
+            f"your loop ran the model on {cached_model.positions} positions; a cache needs P + L - 1 = {P + L - 1}"
+        print(f"T={temperature}: same tokens, log-probs within {diff:.1e}; {L} steps cost "
+              f"{plain_model.positions} token positions without the cache, {cached_model.positions} with it")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,13 +142,18 @@ def exercise_1() -> None:
 # --------------------------------------------------------------------------------------------------
 
 def my_tis(logp_train, logp_engine, cap=2.0):
+    """w = min(pi / mu, cap) per token, from the two log-probs; detached (a constant factor in the loss)."""
     return torch.exp(logp_train.detach() - logp_engine.detach()).clamp(max=cap)
 
 
-def exercise_2() -> None:
+def exercise_2(my_tis=my_tis) -> None:
     gen = torch.Generator().manual_seed(0)
     logp_train, logp_engine = -3 * torch.rand(50, generator=gen), -3 * torch.rand(50, generator=gen)
-    assert torch.equal(my_tis(logp_train, logp_engine), truncated_importance_weights(logp_train, logp_engine, cap=2.0))
+    for cap in (1.0, 2.0, 5.0):
+        assert torch.allclose(my_tis(logp_train, logp_engine, cap),
+                              truncated_importance_weights(logp_train, logp_engine, cap=cap)), f"cap={cap}"
+    w = my_tis(logp_train.clone().requires_grad_(), logp_engine)
+    assert not w.requires_grad, "detach the weights: they are a constant factor in the loss, no gradient through them"
     # Exactly, on a 12-token vocabulary: the engine samples from mu, the trainer wants pi.
     z = 2 * torch.randn(12, generator=gen, dtype=torch.float64)
     mu = torch.softmax(z, 0)                                                          # the engine's copy
@@ -143,7 +195,7 @@ def my_mismatch(model, batch, temperature):
     return d.mean().item(), d.max().item()
 
 
-def exercise_3() -> None:
+def exercise_3(my_mismatch=my_mismatch) -> None:
     model, tokenizer = small_model()
     prompts = [p.messages() for p in ArithmeticTask().test_set(1)[:3]]
     T = 0.7
@@ -152,6 +204,7 @@ def exercise_3() -> None:
     package = logprob_mismatch(model, batch, temperature=T)
     assert abs(mean_ok - package.mean_abs) < 1e-5 and max_ok < 1e-4
     mean_wrong, _ = my_mismatch(model, batch, 1.0)
+    assert abs(mean_wrong - logprob_mismatch(model, batch, temperature=1.0).mean_abs) < 1e-5
     print(f"at the sampling temperature T={T}: mean |dlogp| {mean_ok:.1e} (dppo_core: {package.mean_abs:.1e}); "
           f"scored at T=1 instead: {mean_wrong:.2f}")
     assert mean_wrong > 1e4 * mean_ok    # a systematic mismatch, not rounding (larger still for a trained model)

@@ -24,7 +24,7 @@ def my_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return d.exp() - d - 1
 
 
-def exercise_1() -> None:
+def exercise_1(my_k3=my_k3) -> None:
     gen = torch.Generator().manual_seed(0)
     logp, ref = -3 * torch.rand(4, 7, generator=gen), -3 * torch.rand(4, 7, generator=gen)
     assert torch.allclose(my_k3(logp, ref), kl_k3(logp, ref))
@@ -54,7 +54,15 @@ def exercise_1() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def exercise_2() -> None:
+def my_advantages(rewards: torch.Tensor, scale: str) -> torch.Tensor:
+    """(num_prompts, G) rewards -> advantages: r - mean, divided by (population std + 1e-4) when scale == "group"."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centred
+    return centred / (centred.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-4)
+
+
+def exercise_2(my_advantages=my_advantages) -> None:
     one_right = torch.tensor([[1.0, 0, 0, 0, 0, 0, 0, 0]])
     half_right = torch.tensor([[1.0, 1, 1, 1, 0, 0, 0, 0]])
     eps = 1e-4
@@ -62,8 +70,11 @@ def exercise_2() -> None:
     std = math.sqrt(7) / 8
     group_by_hand = torch.tensor([[7 / 8 / (std + eps)] + [-1 / 8 / (std + eps)] * 7])
     none_by_hand = torch.tensor([[7 / 8] + [-1 / 8] * 7])
-    assert torch.allclose(group_advantages(one_right, "group"), group_by_hand)
-    assert torch.allclose(group_advantages(one_right, "none"), none_by_hand)
+    assert torch.allclose(my_advantages(one_right, "group"), group_by_hand)
+    assert torch.allclose(my_advantages(one_right, "none"), none_by_hand)
+    many = torch.randint(0, 2, (16, 8), generator=torch.Generator().manual_seed(2)).float()
+    for scale in ("group", "none"):                  # the package computes the same on any batch of groups
+        assert torch.allclose(my_advantages(many, scale), group_advantages(many, scale), atol=1e-5)
     g1, g4 = group_advantages(one_right)[0, 0].item(), group_advantages(half_right)[0, 0].item()
     n1, n4 = group_advantages(one_right, "none")[0, 0].item(), group_advantages(half_right, "none")[0, 0].item()
     print(f"the right answer's A: 1 of 8 right -> group {g1:.3f}, none {n1:.3f}; "
@@ -79,7 +90,21 @@ def exercise_2() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def exercise_3() -> None:
+def exact_expectation(p: torch.Tensor, value_of_draw) -> float:
+    """E[value_of_draw(keep)] when item i is kept with probability p[i], independently: the sum over all
+    2^N keep patterns (tuples of bools) of the pattern's probability times its value."""
+    total = 0.0
+    for keep in itertools.product([False, True], repeat=len(p)):
+        prob = math.prod(p[i].item() if k else 1 - p[i].item() for i, k in enumerate(keep))
+        total += prob * value_of_draw(keep)
+    return total
+
+
+def exercise_3(exact_expectation=exact_expectation) -> None:
+    # Checked on a case whose answer is known first: E[number kept] = sum p, E[all kept] = prod p.
+    q = torch.tensor([0.3, 0.5, 0.9], dtype=torch.float64)
+    assert math.isclose(exact_expectation(q, sum), q.sum().item(), rel_tol=1e-9)
+    assert math.isclose(exact_expectation(q, lambda keep: float(all(keep))), q.prod().item(), rel_tol=1e-9)
     gen = torch.Generator().manual_seed(1)
     N, T = 6, 5
     logp, old = -torch.rand(N, T, generator=gen), -torch.rand(N, T, generator=gen)   # ratio != 1: clipping active
@@ -102,14 +127,13 @@ def exercise_3() -> None:
             "grpo, C = kept count": policy_loss(logp, adv, mask, old_logprobs=old, num_sequences=N)[0].item(),
             "dapo, kept tokens": policy_loss(logp, adv, mask, old_logprobs=old, loss_type="dapo")[0].item(),
             "dapo, all rolled-out tokens": policy_loss(logp, adv, mask, old_logprobs=old, loss_type="dapo")[0].item()}
-    expected = dict.fromkeys(full, 0.0)
-    for keep in itertools.product([False, True], repeat=N):             # every one of the 2^N draws, exactly
-        prob = math.prod(p[i].item() if k else 1 - p[i].item() for i, k in enumerate(keep))
-        kept = sum(keep)
-        expected["grpo, C = N"] += prob * loss(keep, num_sequences=N)
-        expected["grpo, C = kept count"] += prob * (loss(keep, num_sequences=kept) if kept else 0.0)
-        expected["dapo, kept tokens"] += prob * loss(keep, loss_type="dapo")
-        expected["dapo, all rolled-out tokens"] += prob * loss(keep, loss_type="dapo", num_tokens=int(mask.sum()))
+    expected = {                                                          # every one of the 2^N draws, exactly
+        "grpo, C = N": exact_expectation(p, lambda keep: loss(keep, num_sequences=N)),
+        "grpo, C = kept count": exact_expectation(
+            p, lambda keep: loss(keep, num_sequences=sum(keep)) if any(keep) else 0.0),
+        "dapo, kept tokens": exact_expectation(p, lambda keep: loss(keep, loss_type="dapo")),
+        "dapo, all rolled-out tokens": exact_expectation(
+            p, lambda keep: loss(keep, loss_type="dapo", num_tokens=int(mask.sum())))}
     for name in full:
         print(f"{name:<28} full batch {full[name]:+.5f}   E[pruned, weighted] {expected[name]:+.5f}")
     assert math.isclose(expected["grpo, C = N"], full["grpo, C = N"], rel_tol=1e-5)             # unbiased

@@ -42,7 +42,8 @@ def synthetic_history(n_seen: int = 30, seed: int = 0, step: int = 0):
 # --------------------------------------------------------------------------------------------------
 
 def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: str, floor: float = 0.1) -> float:
-    """E[kept] = sum of pi_q, predicted from the counts alone (no call to prompt_keep_probs)."""
+    """E[kept] = sum of pi_q over the candidates ids, predicted from the counts alone (seen, unseen, score 0;
+    history.score(pid) is None for an unseen prompt), without calling prompt_keep_probs."""
     scores = [history.score(pid) for pid in ids]
     n, unseen = len(ids), sum(s is None for s in scores)
     seen = n - unseen
@@ -57,12 +58,11 @@ def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: 
     return unseen + min(max(target, floor * seen), seen - zero + floor * zero)
 
 
-def exercise_1() -> None:
+def exercise_1(predicted_kept=predicted_kept) -> None:
     history, ids, rewards = synthetic_history()
     candidates = ids + [f"new{i}" for i in range(10)]                   # 30 seen, 10 never rolled out
     degenerate = int((rewards.std(1) == 0).sum())
-    print(f"{len(ids)} seen prompts ({degenerate} degenerate last time) + 10 unseen")
-    print("rate   paper: predicted  package   proportional: predicted  package")
+    table = []
     for rate in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95):
         row = []
         for scheme in ("paper", "proportional"):
@@ -70,7 +70,9 @@ def exercise_1() -> None:
             pi = prompt_keep_probs(history, candidates, rate, scheme=scheme)
             assert math.isclose(ours, pi.sum().item(), abs_tol=1e-9), (rate, scheme, ours, pi.sum().item())
             row.append(f"{ours:>9.2f}  {pi.sum().item():>7.2f}")
-        print(f"{rate:>4.2f}   {row[0]}   {'':>13}{row[1]}")
+        table.append(f"{rate:>4.2f}   {row[0]}   {'':>13}{row[1]}")
+    print(f"{len(ids)} seen prompts ({degenerate} degenerate last time) + 10 unseen")
+    print("rate   paper: predicted  package   proportional: predicted  package", *table, sep="\n")
     # Then draw: coin flips keep E[kept] on average, the fixed-size design exactly floor or ceil of it.
     pi = prompt_keep_probs(history, candidates, 0.5, scheme="proportional")
     expected = pi.sum().item()
@@ -86,16 +88,27 @@ def exercise_1() -> None:
 # Exercise 2: a maximum age for the history
 # --------------------------------------------------------------------------------------------------
 
-def exercise_2() -> None:
+def fresh_history(history: PromptHistory, step: int, max_age: int) -> PromptHistory:
+    """A copy of history without the records that are stale at ``step``: last updated more than max_age steps
+    before it. Prompts whose record is dropped count as unseen (probability 1)."""
+    return PromptHistory({pid: rec for pid, rec in history.records.items() if step - rec.step <= max_age})
+
+
+def exercise_2(fresh_history=fresh_history) -> None:
     history, ids, _ = synthetic_history(step=0)
-    fresh = prompt_keep_probs(history, ids, 0.5, step=2, max_age=2)
-    stale = prompt_keep_probs(history, ids, 0.5, step=2, max_age=0)
-    assert torch.equal(fresh, prompt_keep_probs(history, ids, 0.5)) and (fresh < 1).any()
+    rewards = torch.zeros(10, G)
+    history.update(ids[:10], rewards, group_advantages(rewards), step=1)   # 10 seen again at step 1, 20 not
+    for step, max_age in ((2, 0), (2, 1), (2, 2), (3, 1), (5, 10)):        # max_age = step - 0: still fresh
+        for scheme in ("paper", "proportional"):
+            package = prompt_keep_probs(history, ids, 0.5, scheme=scheme, step=step, max_age=max_age)
+            ours = prompt_keep_probs(fresh_history(history, step, max_age), ids, 0.5, scheme=scheme)
+            assert torch.allclose(ours, package), (step, max_age, scheme)
+    stale = prompt_keep_probs(fresh_history(history, 2, 0), ids, 0.5)
     assert (stale == 1).all()           # records older than max_age count as unseen: every prompt kept for sure
     # Refresh half of the prompts at step 2: only those can be pruned now.
     rewards = torch.zeros(15, G)
     history.update(ids[:15], rewards, group_advantages(rewards), step=2)
-    mixed = prompt_keep_probs(history, ids, 0.5, step=2, max_age=0)
+    mixed = prompt_keep_probs(fresh_history(history, 2, 0), ids, 0.5)
     assert (mixed[15:] == 1).all() and (mixed[:15] < 1).any()
     print(f"max_age=0 at step 2: {int((stale == 1).sum())}/{len(ids)} prompts at pi = 1 (history too old); "
           f"after 15 are seen again at step 2, {int((mixed < 1).sum())} can be pruned")
@@ -107,21 +120,34 @@ def exercise_2() -> None:
 # Exercise 3: GRESO with weights 1 / pi and a constant normaliser is unbiased
 # --------------------------------------------------------------------------------------------------
 
-def exercise_3() -> None:
+def greso_estimate(keep: torch.Tensor, x: torch.Tensor) -> float:
+    """GRESO's estimate of mean(x) from one draw: the plain mean of x over the kept prompts (keep: bools)."""
+    return x[keep].mean().item()
+
+
+def repaired_estimate(keep: torch.Tensor, pi: torch.Tensor, x: torch.Tensor) -> float:
+    """The same draw, weighted: each kept prompt's x by 1 / pi, summed, divided by the number of candidates."""
+    return (keep / pi * x).sum().item() / len(x)
+
+
+def exercise_3(greso_estimate=greso_estimate, repaired_estimate=repaired_estimate) -> None:
     history, ids, rewards = synthetic_history(n_seen=12, seed=3)
     pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's degenerate prompts, else 1
     gen = torch.Generator().manual_seed(4)
     x = torch.rand(len(ids), generator=gen, dtype=torch.float64)  # what each prompt gives *now*
     x[pi < 1] *= 0.3                                              # degenerate last time: gives less now, not nothing
     target = x.mean().item()
+    everything = torch.ones(len(ids), dtype=torch.bool)           # nothing pruned: both are the plain mean
+    assert math.isclose(greso_estimate(everything, x), target, rel_tol=1e-12)
+    assert math.isclose(repaired_estimate(everything, torch.ones_like(pi), x), target, rel_tol=1e-12)
     random_ids = (pi < 1).nonzero().flatten().tolist()
     e_greso = e_weighted = 0.0
     for bits in itertools.product([False, True], repeat=len(random_ids)):   # every draw, exactly
-        keep = torch.ones(len(ids), dtype=torch.bool)
+        keep = everything.clone()
         keep[random_ids] = torch.tensor(bits)
         prob = math.prod(pi[j].item() if b else 1 - pi[j].item() for j, b in zip(random_ids, bits, strict=True))
-        e_greso += prob * x[keep].mean().item()                            # GRESO: mean over the kept, no weights
-        e_weighted += prob * (keep / pi * x).sum().item() / len(ids)      # weights 1/pi, divide by all candidates
+        e_greso += prob * greso_estimate(keep, x)
+        e_weighted += prob * repaired_estimate(keep, pi, x)
     print(f"{len(random_ids)} of {len(ids)} prompts skippable | target {target:.4f} | GRESO {e_greso:.4f} | "
           f"GRESO + 1/pi weights, / {len(ids)}: {e_weighted:.4f}")
     assert math.isclose(e_weighted, target, rel_tol=1e-12)
@@ -154,7 +180,8 @@ def fit_prior(k: np.ndarray, g: int = G) -> tuple[float, float]:
     return arg
 
 
-def exercise_4(n: int = 2000, true_prior: tuple[float, float] = (0.4, 0.6)) -> None:
+def exercise_4(p_informative=p_informative, fit_prior=fit_prior) -> None:
+    n, true_prior = 2000, (0.4, 0.6)
     rng = np.random.default_rng(0)
     p = rng.beta(*true_prior, size=n)                   # each prompt's success rate (many near 0 or 1)
     k1, k2 = rng.binomial(G, p), rng.binomial(G, p)     # its first group and the next one (same policy)

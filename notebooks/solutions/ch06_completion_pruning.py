@@ -32,7 +32,8 @@ def synthetic_batch(seed: int = 0):
 
 
 def exact_std(p: torch.Tensor, s: torch.Tensor) -> float:
-    """Std of sum K w s over independent draws, relative to sum s: sqrt(sum (1/p - 1) s^2) / |sum s|."""
+    """Std of sum K s / p over independent draws (over the completions with s != 0, where p > 0), relative to
+    sum s: sqrt(sum (1/p - 1) s^2) / |sum s|."""
     nz = s != 0
     return ((1 / p[nz] - 1) * s[nz] ** 2).sum().sqrt().item() / abs(s.sum().item())
 
@@ -41,27 +42,39 @@ def exact_std(p: torch.Tensor, s: torch.Tensor) -> float:
 # Exercise 1: fixed-size sampling is unbiased too, and less noisy
 # --------------------------------------------------------------------------------------------------
 
-def exercise_1(draws: int = 2000) -> None:
+def pruned_estimates(p: torch.Tensor, s: torch.Tensor, draws: int, fixed_size: bool,
+                     gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``draws`` pruning draws of the (P, G) keep probabilities p, one sample_keep(p, gen, fixed_size) call each:
+    (the estimates sum K s / p of sum s, shape (draws,); how many completions each group kept, (draws, P))."""
+    est, counts = [], []
+    for _ in range(draws):
+        keep = sample_keep(p, gen, fixed_size=fixed_size)
+        w = importance_weights(torch.ones(p.shape[0]), p, keep)      # 1/p where kept, 0 elsewhere
+        est.append((w * s).sum())
+        counts.append(keep.sum(1))
+    return torch.stack(est), torch.stack(counts)
+
+
+def exercise_1(pruned_estimates=pruned_estimates, draws: int = 2000) -> None:
     A, s = synthetic_batch()
     p = completion_keep_probs(A, 0.5)                           # proportional, per group
     full = s.sum().item()
     results = {}
     for name, fixed in (("Bernoulli", False), ("fixed size", True)):
-        gen = torch.Generator().manual_seed(1)
-        est, counts = [], set()
-        for _ in range(draws):
-            keep = sample_keep(p, gen, fixed_size=fixed)
-            w = importance_weights(torch.ones(P), p, keep)      # 1/p where kept, 0 elsewhere
-            est.append((w * s).sum().item() / full)
-            counts.add(tuple(keep.sum(1).tolist()))
-        est = torch.tensor(est, dtype=torch.float64)
-        results[name] = (est.mean().item(), est.std().item(), len(counts))
+        est, counts = pruned_estimates(p, s, draws, fixed, torch.Generator().manual_seed(1))
+        est = est.double() / full
+        assert est.shape == (draws,) and counts.shape == (draws, P)
+        results[name] = (est.mean().item(), est.std().item(), counts)
         assert abs(est.mean().item() - 1) < 4 * est.std().item() / draws**0.5      # centred on the full batch
-    for name, (mean, std, n_counts) in results.items():
-        print(f"{name:<10} mean {mean:.3f}  std {std:.3f}  distinct per-group kept counts over the draws: {n_counts}")
+    for name, (mean, std, counts) in results.items():
+        print(f"{name:<10} mean {mean:.3f}  std {std:.3f}  distinct per-group kept counts over the draws: "
+              f"{len({tuple(c.tolist()) for c in counts})}")
+    # Coin flips: the spread is the exact one, sqrt(sum (1/p - 1) s^2) (4 standard errors of a std estimate).
+    assert abs(results["Bernoulli"][1] - exact_std(p, s)) < 4 * exact_std(p, s) / (2 * draws) ** 0.5
     assert results["fixed size"][1] < results["Bernoulli"][1]
     # Every group's sum of p is an integer here, so the fixed-size design keeps exactly that many each draw.
-    assert torch.allclose(p.sum(1), p.sum(1).round()) and results["fixed size"][2] == 1
+    assert torch.allclose(p.sum(1), p.sum(1).round())
+    assert (results["fixed size"][2] == p.sum(1).round()).all() and results["Bernoulli"][2].unique().numel() > 1
     print(f"exact std for coin flips {exact_std(p, s):.3f} (the Monte Carlo above: {results['Bernoulli'][1]:.3f})")
 
 
@@ -69,8 +82,13 @@ def exercise_1(draws: int = 2000) -> None:
 # Exercise 2: what the floor is for
 # --------------------------------------------------------------------------------------------------
 
-def exercise_2() -> None:
+def exercise_2(exact_std=exact_std) -> None:
     A, s = synthetic_batch()
+    # First the formula, against 20000 coin-flip draws (4 standard errors of a std estimate):
+    p = completion_keep_probs(A, 0.75)
+    K = sample_keep(p.expand(20000, -1, -1), torch.Generator().manual_seed(3))
+    mc = ((K * importance_weights(torch.ones(P), p) * s).sum((1, 2)) / s.sum()).std().item()
+    assert abs(exact_std(p, s) - mc) < 4 * mc / 40000**0.5, (exact_std(p, s), mc)
     # A second s for which |A| is a useless proxy: every completion with A != 0 has the same |s|.
     s_flat = torch.where(A != 0, s.sign() * s[s != 0].abs().mean(), torch.zeros_like(s))
     print("floor   max weight   std, |s| ~ |A| x noise   std, all |s| equal")
@@ -92,13 +110,22 @@ def exercise_2() -> None:
 # Exercise 3: uniform pruning (still weighted) against pruning by |A|
 # --------------------------------------------------------------------------------------------------
 
-def exercise_3() -> None:
+def uniform_probs(A: torch.Tensor, kept: float) -> torch.Tensor:
+    """(P, G) keep probabilities: 0 where A == 0, the same value for every completion with A != 0, chosen so that
+    kept completions are expected in all."""
+    nz = A != 0
+    return torch.where(nz, torch.full_like(A, kept / nz.sum().item()), torch.zeros_like(A))
+
+
+def exercise_3(uniform_probs=uniform_probs) -> None:
     A, s = synthetic_batch()
     nz = A != 0
     for rate in (0.25, 0.5, 0.75):
         p_prop = completion_keep_probs(A, rate)
         kept = p_prop.sum().item()
-        p_uniform = torch.where(nz, torch.full_like(A, kept / nz.sum().item()), torch.zeros_like(A))
+        p_uniform = uniform_probs(A, kept)
+        assert p_uniform.shape == A.shape and (p_uniform[~nz] == 0).all()
+        assert (p_uniform[nz] == p_uniform[nz][0]).all() and p_uniform.max() <= 1
         assert abs(p_uniform.sum().item() - kept) < 1e-9             # the same expected number trained
         # Both are unbiased: E[sum K w s] = sum p (1/p) s = sum s, whatever p > 0 is.
         for p in (p_prop, p_uniform):
@@ -124,7 +151,8 @@ def oracle_probs(s: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor, rate: 
     return out
 
 
-def exercise_4(rate: float = 0.5, floor: float = 0.02) -> None:
+def exercise_4(oracle_probs=oracle_probs) -> None:
+    rate, floor = 0.5, 0.02
     A, s = synthetic_batch()
     gen = torch.Generator().manual_seed(5)
     lengths = torch.randint(8, 65, A.shape, generator=gen).double()      # tokens of each completion
@@ -136,7 +164,17 @@ def exercise_4(rate: float = 0.5, floor: float = 0.02) -> None:
             p = completion_keep_probs(A, rate, scheme="length", lengths=lengths, length_exponent=gamma,
                                       min_keep_prob=floor)
             stds[gamma], tokens[gamma] = exact_std(p, grad), (p * lengths).sum().item()
-        best = exact_std(oracle_probs(grad, A, lengths, rate, floor), grad)
+        p_best = oracle_probs(grad, A, lengths, rate, floor)
+        best = exact_std(p_best, grad)
+        # The optimum's conditions: each group's token budget, p in [floor, 1] (0 where A == 0), and Lagrange's
+        # p sqrt(len) / |s| equal for every completion strictly between floor and 1 in a group.
+        budget = (1 - rate) * lengths.sum(1)
+        assert torch.allclose((p_best * lengths).sum(1)[(A != 0).any(1)], budget[(A != 0).any(1)], rtol=1e-6)
+        assert (p_best[A == 0] == 0).all() and (p_best[A != 0] >= floor - 1e-12).all() and (p_best <= 1).all()
+        for q in range(P):
+            inside = (p_best[q] > floor + 1e-9) & (p_best[q] < 1 - 1e-9)
+            ratio = p_best[q][inside] * lengths[q][inside].sqrt() / grad[q][inside].abs()
+            assert inside.sum() < 2 or torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-6), q
         print(f"{world:>22}: exact std / |sum s| at {tokens[0.5]:.0f} expected tokens: "
               + ", ".join(f"gamma {g:g}: {v:.3f}" for g, v in stds.items()) + f"; oracle {best:.3f}")
         assert max(tokens.values()) - min(tokens.values()) < 1e-6 * tokens[0.5]      # the same budget for all

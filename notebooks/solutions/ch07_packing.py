@@ -47,7 +47,9 @@ def next_fit(lengths: list[int], budget: int) -> list[list[int]]:
     return rows + [row]
 
 
-def exercise_1() -> None:
+def exercise_1(next_fit=next_fit) -> None:
+    assert next_fit([5, 4, 3, 6, 2], 8) == [[0], [1, 2], [3, 4]]              # by hand: 5 | 4+3 | 6+2
+    assert next_fit([8, 8], 8) == [[0], [1]]                                  # a full row closes exactly
     L = [len(s) for s in synthetic_sequences()]
     for budget in (128, 256, 512):
         ours = next_fit(L, budget)
@@ -63,15 +65,23 @@ def exercise_1() -> None:
 # Exercise 2: next fit decreasing (sort by length, then window 1)
 # --------------------------------------------------------------------------------------------------
 
-def exercise_2() -> None:
+def next_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
+    """Sort the sequences by length, longest first (the earlier on a tie), then next fit; rows of input indices."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])        # stable: ties keep input order
+    return [[order[k] for k in row] for row in next_fit([lengths[i] for i in order], budget)]
+
+
+def exercise_2(next_fit_decreasing=next_fit_decreasing) -> None:
+    assert next_fit_decreasing([3, 6, 2, 5], 8) == [[1], [3, 0], [2]]        # by hand: 6 | 5+3 | 2
     seqs = synthetic_sequences()
     L = [len(s) for s in seqs]
     order = sorted(range(len(seqs)), key=lambda i: -L[i])              # longest first
     for budget in (128, 256):
-        nfd = [[order[k] for k in row] for row in next_fit([L[i] for i in order], budget)]
+        nfd = next_fit_decreasing(L, budget)
         assert sorted(i for row in nfd for i in row) == list(range(len(seqs)))   # every sequence once
         assert all(sum(L[i] for i in row) <= budget for row in nfd)
         packed = pack([seqs[i] for i in order], budget, window=1)       # the package on the sorted list
+        assert [[order[k] for k in row] for row in packed.row_sequences] == nfd   # the same rows
         assert packed.num_rows == len(nfd) and math.isclose(packed.density, density(nfd, L))
         w16 = plan_rows(L, budget, window=16)
         print(f"B = {budget}: next fit decreasing {len(nfd)} rows (density {density(nfd, L):.3f}); "
@@ -85,22 +95,30 @@ def exercise_2() -> None:
 # Exercise 3: micro-batch density against rows per micro-batch
 # --------------------------------------------------------------------------------------------------
 
-def exercise_3() -> None:
+def micro_batch_density(row_lengths: list[int], rows_per_micro_batch: int) -> float:
+    """Real tokens / slots paid when the rows, in order, are cut into micro-batches of ``rows_per_micro_batch``
+    rows, each micro-batch as wide as its longest row."""
+    chunks = [row_lengths[j : j + rows_per_micro_batch] for j in range(0, len(row_lengths), rows_per_micro_batch)]
+    return sum(row_lengths) / sum(len(c) * max(c) for c in chunks)
+
+
+def exercise_3(micro_batch_density=micro_batch_density) -> None:
+    assert math.isclose(micro_batch_density([10, 6, 8, 8, 4], 2), 36 / 40)    # by hand: 2x10 + 2x8 + 1x4 slots
     seqs = synthetic_sequences()
     L = [len(s) for s in seqs]
     rows = plan_rows(L, 256, window=16)
     row_len = [sum(L[i] for i in row) for row in rows]
     print("rows per micro-batch   micro-batches   density (package)   density (predicted)")
-    for k in (4, 8, 16):
+    predicted = {}
+    for k in (1, 4, 8, 16, len(rows)):
         mbs = pack_micro_batches(seqs, 256, k, window=16)
         package = sum(b.real_tokens for _, b in mbs) / sum(b.capacity for _, b in mbs)
-        # Each micro-batch is padded to its own longest row T_mb: capacity = rows_mb x T_mb.
-        chunks = [row_len[j : j + k] for j in range(0, len(rows), k)]
-        predicted = sum(row_len) / sum(len(c) * max(c) for c in chunks)
-        assert math.isclose(package, predicted)
-        print(f"{k:>20}   {len(mbs):>13}   {package:>17.3f}   {predicted:>19.3f}")
-    # Fewer rows per micro-batch means each T_mb is the longest of fewer rows: for nested chunkings (16 -> 8 -> 4)
-    # the density can only rise or stay, at the price of more forward passes.
+        predicted[k] = micro_batch_density(row_len, k)                       # from the row lengths alone
+        assert math.isclose(package, predicted[k])
+        print(f"{k:>20}   {len(mbs):>13}   {package:>17.3f}   {predicted[k]:>19.3f}")
+    # Fewer rows per micro-batch means each is as wide as the longest of fewer rows: for nested chunkings
+    # (16 -> 8 -> 4 -> 1) the density can only rise or stay, at the price of more forward passes.
+    assert predicted[1] >= predicted[4] >= predicted[8] >= predicted[16] >= predicted[len(rows)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,7 +137,7 @@ def mask_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return (same & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
 
 
-def exercise_4() -> None:
+def exercise_4(mask_from_position_ids=mask_from_position_ids) -> None:
     seqs = synthetic_sequences(32)
     for budget, window in ((128, 16), (256, 4), (512, 1)):
         batch = pack(seqs, budget, window=window)

@@ -8,8 +8,10 @@ Run: python notebooks/solutions/ch08_dppo_end_to_end.py
 from __future__ import annotations
 
 import math
+import random
 
 from dppo_core.bench import compare, time_to_target, token_cost_bound
+from dppo_core.packing import PackSequence, pack, pad, plan_rows
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: time to target
@@ -24,13 +26,18 @@ def my_time_to_target(curve, target):
     return None
 
 
-def exercise_1() -> None:
+def exercise_1(my_time_to_target=my_time_to_target) -> None:
     curve = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.40},
              {"step": 10, "train_s": 50.0, "sampled_accuracy": 0.52},
              {"step": 20, "train_s": 101.0, "sampled_accuracy": 0.49},   # noise: dips below again
              {"step": 30, "train_s": 150.0, "sampled_accuracy": 0.58}]
-    for target in (0.3, 0.5, 0.55, 0.6):
+    for target in (0.3, 0.4, 0.5, 0.52, 0.55, 0.58, 0.6):
         assert my_time_to_target(curve, target) == time_to_target(curve, target)
+    assert my_time_to_target(curve, 0.4) == 0.0         # reached at the start: time 0, not None
+    assert my_time_to_target(curve, 0.52) == 50.0       # "at or above": equality counts
+    gap = [{"step": 0, "train_s": 0.0, "sampled_accuracy": None},   # an evaluation that did not run
+           {"step": 10, "train_s": 40.0, "sampled_accuracy": 0.7}]
+    assert my_time_to_target(gap, 0.5) == time_to_target(gap, 0.5) == 40.0
     assert my_time_to_target(curve, 0.5) == 50.0        # the first crossing counts, not the last
     assert my_time_to_target(curve, 0.6) is None        # never reached: no time (not infinity, not the end)
     print("time to target: first crossing 50 s for 0.5; None for 0.6")
@@ -48,17 +55,25 @@ def _method(wall, generated, trained, rollout=0.0, reward=0.0, update=0.0):
             "step_time_s": {"median": wall / 10}, "time_to_target_s": None}
 
 
-def exercise_2() -> None:
-    # grpo: 100 s of training = 40 s rollout + 2 s reward + 50 s update + 8 s fixed, on 10,000 tokens
-    grpo = _method(100.0, 10_000, 10_000, rollout=40.0, reward=2.0, update=50.0)
-    u = 50.0 / 100.0                                     # the update's share of grpo's time
-    for k in (1.0, 0.5, 0.25, 0.0):
-        predicted = 1.0 / (1.0 - u + u * k)              # Amdahl: only the update share shrinks, by k
-        method = _method(0.0, 10_000, round(10_000 * k))
-        assert math.isclose(token_cost_bound(grpo, method), predicted, rel_tol=1e-9)
-    limit = 1.0 / (1.0 - u)
-    print(f"training on a fraction k of the tokens: bound 1 / (1 - u + u k), at most {limit:.1f}x as k -> 0 "
-          f"(u = update share = {u:.2f}); beyond that only rollout pruning helps")
+def amdahl_bound(u: float, k: float) -> float:
+    """The token-cost bound of a method that generates every token but trains a fraction k of them, when the
+    update is a share u of GRPO's training time: only that share shrinks, by k."""
+    return 1.0 / (1.0 - u + u * k)
+
+
+def exercise_2(amdahl_bound=amdahl_bound) -> None:
+    # grpo: 100 s of training = rollout + 2 s reward + update + 8 s fixed, on 10,000 tokens; the update's share
+    # u of the time varies, and the method trains a fraction k of the tokens
+    for update in (20.0, 50.0, 80.0):
+        grpo = _method(100.0, 10_000, 10_000, rollout=90.0 - update, reward=2.0, update=update)
+        u = update / 100.0
+        for k in (1.0, 0.5, 0.25, 0.1, 0.0):
+            method = _method(0.0, 10_000, round(10_000 * k))
+            assert math.isclose(amdahl_bound(u, k), token_cost_bound(grpo, method), rel_tol=1e-9)
+    u = 0.45                                            # about the update's share of a step in section 4's runs
+    assert math.isclose(amdahl_bound(u, 0.0), 1.0 / (1.0 - u))   # the limit as k -> 0
+    print(f"training on a fraction k of the tokens: bound 1 / (1 - u + u k), at most {amdahl_bound(u, 0.0):.2f}x "
+          f"as k -> 0 when the update is {u:.0%} of the time; beyond that only rollout pruning helps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -66,24 +81,59 @@ def exercise_2() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def exercise_3() -> None:
-    grpo = _method(100.0, 10_000, 10_000, rollout=40.0, reward=2.0, update=50.0)
-    grpo["tokens"]["row_capacity"] = 16_000              # padded micro-batches: 0.62 dense
-    padded = _method(75.0, 10_000, 5_000, rollout=40.0, reward=2.0, update=25.0)
-    padded["tokens"]["row_capacity"] = 8_000             # same density as grpo: each token costs the same
-    packed = _method(62.0, 10_000, 5_000, rollout=40.0, reward=2.0, update=12.0)
-    packed["tokens"]["row_capacity"] = 5_300             # dense rows: fewer slots paid per trained token
-    result = compare({"grpo": grpo, "padded": padded, "packed": packed})
-    bound = result["token_cost_bound"]
-    assert math.isclose(bound["padded"], bound["packed"])           # same tokens: same bound
-    assert math.isclose(result["fraction_of_bound"]["padded"], 1.0)  # token saving became time, no more
-    assert result["fraction_of_bound"]["packed"] > 1.0               # each trained token got cheaper
-    density = {n: m["tokens"]["trained"] / m["tokens"]["row_capacity"] for n, m in
-               {"grpo": grpo, "padded": padded, "packed": packed}.items()}
-    assert density["packed"] > density["padded"]
-    print(f"bound {bound['packed']:.2f} for both; fraction of bound: padded "
-          f"{result['fraction_of_bound']['padded']:.2f}, packed {result['fraction_of_bound']['packed']:.2f} "
-          f"(density {density['padded']:.2f} vs {density['packed']:.2f})")
+def slots(lengths: list[int], layout: str, *, micro_batch: int = 64, budget: int = 128,
+          window: int = 16) -> int:
+    """Token slots one update pays for (rows x width, summed over its forwards) for sequences of ``lengths``.
+
+    ``"padded"``: one sequence per row, micro-batches of ``micro_batch`` sequences in the given order, each as
+    wide as its longest sequence. ``"packed"``: ``plan_rows(lengths, budget, window)`` rows in one batch, as wide
+    as its longest row.
+    """
+    if layout == "padded":
+        chunks = [lengths[j : j + micro_batch] for j in range(0, len(lengths), micro_batch)]
+        return sum(len(c) * max(c) for c in chunks)
+    rows = plan_rows(lengths, budget, window)
+    return len(rows) * max(sum(lengths[i] for i in row) for row in rows)
+
+
+def exercise_3(slots=slots) -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(25, 28) + min(63, 6 + int(rng.expovariate(1 / 14))) for _ in range(256)]
+    seqs = [PackSequence([1] * 8, [1] * (n - 8)) for n in lengths]
+    kept = sorted(rng.sample(range(256), 96))            # a method that trains 96 of the 256 sequences
+    kept_lengths = [lengths[i] for i in kept]
+    # the student's slot counts against the package's layouts
+    assert slots(lengths, "padded") == sum(pad(seqs[j : j + 64]).capacity for j in range(0, 256, 64))
+    assert slots(kept_lengths, "padded") == sum(pad([seqs[i] for i in kept[j : j + 64]]).capacity
+                                                for j in range(0, 96, 64))
+    assert slots(kept_lengths, "packed") == pack([seqs[i] for i in kept], 128, window=16).capacity
+    # A cost model: rollout and reward per generated token, the update per token SLOT it pays for, a fixed part.
+    c_gen, c_slot, fixed = 2e-3, 1e-3, 5.0
+
+    def run(trained: list[int], layout: str) -> dict:
+        capacity = slots(trained, layout)
+        m = _method(fixed + c_gen * sum(lengths) + c_slot * capacity, sum(lengths), sum(trained),
+                    rollout=c_gen * sum(lengths), update=c_slot * capacity)
+        m["tokens"]["row_capacity"] = capacity
+        return m
+
+    methods = {"grpo": run(lengths, "padded"), "padded": run(kept_lengths, "padded"),
+               "packed": run(kept_lengths, "packed")}
+    result = compare(methods)
+    bound, fraction = result["token_cost_bound"], result["fraction_of_bound"]
+    assert math.isclose(bound["padded"], bound["packed"])           # the same tokens: the same bound
+    density = {n: m["tokens"]["trained"] / m["tokens"]["row_capacity"] for n, m in methods.items()}
+    for name in ("padded", "packed"):
+        # the bound prices a trained token at grpo's slots per token; a denser layout pays fewer, a sparser more
+        assert (fraction[name] > 1.0) == (density[name] > density["grpo"])
+        # exactly: predicted time (a trained token at grpo's slots per token) over the time it took
+        per_token = methods["grpo"]["tokens"]["row_capacity"] / sum(lengths)
+        predicted = fixed + c_gen * sum(lengths) + c_slot * per_token * sum(kept_lengths)
+        assert math.isclose(fraction[name], predicted / methods[name]["wall_s"], rel_tol=1e-9)
+    assert fraction["packed"] > 1.0 and fraction["packed"] > fraction["padded"]
+    print(f"bound {bound['packed']:.2f} for both; fraction of bound: padded {fraction['padded']:.2f}, packed "
+          f"{fraction['packed']:.2f} (density grpo {density['grpo']:.2f}, padded {density['padded']:.2f}, "
+          f"packed {density['packed']:.2f})")
 
 
 def main() -> None:

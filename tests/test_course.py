@@ -1,0 +1,102 @@
+"""``dppo_core.course.check``: an exercise cell's feedback is the solution's own asserts, run on the student's code."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dppo_core.course import CPU_KERNEL_PINS, check, load_solutions
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1] / "notebooks")   # where a chapter runs
+
+
+def test_the_solution_itself_passes(capsys):
+    solutions = load_solutions("ch03_grpo")
+    verdict = check("ch03_grpo", 1, my_k3=solutions.my_k3)
+    assert verdict and verdict == True and verdict.passed  # noqa: E712
+    assert "✓ exercise 1: every check of solutions/ch03_grpo.py passed" in capsys.readouterr().out
+
+
+def test_a_stub_is_not_done_yet(capsys):
+    def my_k3(logp, ref_logp):
+        raise NotImplementedError
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    assert "… exercise 1: not done yet (`my_k3` raises NotImplementedError)" in capsys.readouterr().out
+
+
+def test_a_wrong_answer_shows_the_failed_assert(capsys):
+    def my_k3(logp, ref_logp):                     # forgot the "- d" term
+        return (ref_logp - logp).exp() - 1
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    out = capsys.readouterr().out
+    assert "✗ exercise 1: a check failed (line" in out and "assert torch.allclose(my_k3(logp, ref)" in out
+
+
+def test_an_error_in_the_students_code_is_reported_not_raised(capsys):
+    def my_advantages(rewards, scale):
+        return rewards.mean(dim=2)                 # no dimension 2
+
+    assert not check("ch03_grpo", 2, my_advantages=my_advantages)
+    out = capsys.readouterr().out
+    assert "✗ exercise 2: the code raised IndexError at line" in out and "my_advantages()" in out
+
+
+def test_a_wrong_piece_name_or_file_is_a_clear_error():
+    with pytest.raises(TypeError, match="exercise 1 takes my_k3, not k3"):
+        check("ch03_grpo", 1, k3=lambda a, b: a)
+    with pytest.raises(ValueError, match="has no exercise_9; it has exercise_1, exercise_2, exercise_3"):
+        check("ch03_grpo", 9)
+    with pytest.raises(ValueError, match="names a solutions file, like 'ch03_grpo'"):
+        check("03_grpo.ipynb", 1)
+
+
+def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch):
+    """Opened alone (Colab) the file comes from the repository: here the download is replaced by the file's text."""
+    import dppo_core.bench.report as report
+    import dppo_core.course as course
+
+    text = (Path(__file__).resolve().parents[1] / "notebooks/solutions/ch03_grpo.py").read_text()
+    asked = []
+    monkeypatch.setattr(report, "committed_result", lambda relative: asked.append(relative) or text)
+    monkeypatch.setattr(course, "_LOADED", {})
+    monkeypatch.chdir(tmp_path)
+    assert not check("ch03_grpo", 2, my_advantages=lambda r, s: torch.zeros_like(r))
+    assert asked == ["notebooks/solutions/ch03_grpo.py"]
+
+
+def test_the_kernel_pins_are_the_makefiles():
+    import re
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert dict(re.findall(r"^export (ATEN_CPU_CAPABILITY|MKL_CBWR|ONEDNN_MAX_CPU_ISA) \?= (\S+)$", makefile,
+                           re.M)) == CPU_KERNEL_PINS
+
+
+def test_pin_cpu_kernels_sets_them_before_torch_loads(tmp_path):
+    """In a fresh interpreter without the variables (plain `jupyter lab`): pinned, and torch runs at AVX2."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse2 avx avx2 fma\n")
+    no_avx2 = tmp_path / "cpuinfo-arm"
+    no_avx2.write_text("Features\t: fp asimd\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    code = (f"from dppo_core.course import pin_cpu_kernels; print(pin_cpu_kernels({str(no_avx2)!r})); "
+            f"print(pin_cpu_kernels({str(cpuinfo)!r})); import torch; "
+            "print(torch.backends.cpu.get_cpu_capability())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "{}"                                              # not an AVX2 CPU: nothing set
+    assert lines[1] == str({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    here = Path("/proc/cpuinfo")
+    if here.is_file() and re.search(r"\bavx2\b", here.read_text()):
+        assert lines[2] == "AVX2"                                        # this machine's CPU really has AVX2
+
