@@ -23,6 +23,7 @@ import inspect
 import linecache
 import re
 import sys
+import sysconfig
 import traceback
 import types
 from pathlib import Path
@@ -40,7 +41,7 @@ def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
     Each chapter calls it in its first code cell, before anything imports torch: the pins are read when the
     libraries load. Only on a CPU with AVX2 (read from ``cpuinfo``; elsewhere, ARM or macOS, nothing is set); a
     variable already set (by the Makefile, or by you) is left alone. Returns the variables as they now are. If
-    torch was imported before, with other values, it says so: restart the kernel and run from the top.
+    it has to set one after torch was imported, it says so: restart the kernel and run from the top.
     """
     import os
 
@@ -51,13 +52,15 @@ def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
         flags = ""
     if not re.search(r"\bavx2\b", flags):
         return {}
+    unset = [key for key in CPU_KERNEL_PINS if key not in os.environ]
     for key, value in CPU_KERNEL_PINS.items():
         os.environ.setdefault(key, value)
-    now = {key: os.environ[key] for key in CPU_KERNEL_PINS}
-    if "torch" in sys.modules and now != CPU_KERNEL_PINS:
-        print("torch was imported before the kernel pins were set: restart the kernel and run from the top "
-              "to get this notebook's stored outputs")
-    return now
+    if unset and "torch" in sys.modules:
+        # too late for what has already loaded (MKL and oneDNN read theirs once; PyTorch at its first kernel)
+        print(f"torch was imported before the kernel pins were set ({', '.join(unset)}): restart the kernel and "
+              "run from the top to get this notebook's stored outputs")
+    return {key: os.environ[key] for key in CPU_KERNEL_PINS}
+
 
 _LOADED: dict[str, types.ModuleType] = {}
 _STEM = re.compile(r"^ch\d\d[a-z]?_[a-z0-9_]+$")
@@ -87,7 +90,8 @@ def load_solutions(stem: str) -> types.ModuleType:
         module.__file__ = filename
         sys.modules[stem] = module                # dataclasses and pickling look a module up by name
         try:
-            exec(compile(source, filename, "exec"), module.__dict__)
+            # optimize=0: the asserts are the checks, so they run even under `python -O`
+            exec(compile(source, filename, "exec", dont_inherit=True, optimize=0), module.__dict__)
         except BaseException:
             sys.modules.pop(stem, None)
             raise
@@ -131,9 +135,12 @@ class Verdict:
 def check(stem: str, exercise: int, **pieces) -> Verdict:
     """Run exercise ``exercise`` of ``notebooks/solutions/<stem>.py`` with ``pieces`` in place of the solution's.
 
-    ``pieces`` are the exercise function's parameters (the names the chapter's stub cell defines); a name the
-    exercise does not take is a mistake in the call and raises ``TypeError`` naming the ones it takes. Prints
-    one verdict line (after whatever the exercise prints) and returns a :class:`Verdict`, true when every assert held.
+    ``pieces`` are the exercise function's parameters (the names the chapter's stub cell defines). Every parameter
+    whose default is code (a function or a class) must be passed: left out, the solution's own would stand in for
+    it and pass. A missing one, or a name the exercise does not take, is a mistake in the call and raises
+    ``TypeError`` naming them. Prints one verdict line (after whatever the exercise prints) and returns a
+    :class:`Verdict`, true when every assert held. A wrong answer never raises; a solutions file that cannot be
+    found (outside a checkout and offline) does.
     """
     module = load_solutions(stem)
     name = f"exercise_{exercise}"
@@ -141,35 +148,61 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
     if function is None:
         have = sorted(n for n in vars(module) if n.startswith("exercise_"))
         raise ValueError(f"check(): {_solutions_path(stem)} has no {name}; it has {', '.join(have)}")
-    takes = list(inspect.signature(function).parameters)
-    unknown = sorted(set(pieces) - set(takes))
+    parameters = inspect.signature(function).parameters
+    unknown = sorted(set(pieces) - set(parameters))
     if unknown:
-        raise TypeError(f"check({stem!r}, {exercise}): exercise {exercise} takes {', '.join(takes) or 'nothing'}, "
+        raise TypeError(f"check({stem!r}, {exercise}): exercise {exercise} takes {', '.join(parameters) or 'nothing'}, "
                         f"not {', '.join(unknown)}")
+    missing = [n for n, p in parameters.items()
+               if n not in pieces and (inspect.isfunction(p.default) or inspect.isclass(p.default))]
+    if missing:
+        raise TypeError(f"check({stem!r}, {exercise}): pass your {', '.join(missing)} too "
+                        f"({', '.join(f'{n}={n}' for n in missing)}); left out, the solution's would be checked")
     label = f"exercise {exercise}"
     try:
         function(**pieces)
-    except NotImplementedError as err:
-        culprit = next((n for n, f in pieces.items() if _raises_in(err.__traceback__, f)), None)
-        what = f"`{culprit}`" if culprit else "a piece you pass"
-        print(f"… {label}: not done yet ({what} raises NotImplementedError): write it in this cell "
-              f"and run it again")
-        return Verdict(False)
-    except AssertionError as err:
-        where = _where(err.__traceback__, module.__file__)
-        line = f" (line {where[1]} of solutions/{stem}.py):\n    {where[2]}" if where else ""
-        detail = f"\n    {err}" if str(err) else ""
-        print(f"✗ {label}: a check failed{line}{detail}")
-        return Verdict(False)
-    except Exception as err:                                # the student's code raised: say what and where
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]
-        at = f" at line {frames[-1].lineno} of {frames[-1].name}()" if frames else ""
-        print(f"✗ {label}: the code raised {type(err).__name__}{at}: {err}")
+    except Exception as err:
+        innermost = _innermost(err.__traceback__)
+        stub = next((n for n, piece in pieces.items() if innermost in _codes(piece)), None)
+        if isinstance(err, NotImplementedError) and stub is not None:
+            print(f"… {label}: not done yet (`{stub}` raises NotImplementedError): write it in this cell "
+                  f"and run it again")
+        elif isinstance(err, AssertionError) and innermost is not None and innermost.co_filename == module.__file__:
+            where = _where(err.__traceback__, module.__file__)
+            line = f" (line {where[1]} of solutions/{stem}.py):\n    {where[2]}" if where else ""
+            detail = f"\n    {err}" if str(err) else ""
+            print(f"✗ {label}: a check failed{line}{detail}")
+        else:                                            # the student's code raised: say what and where
+            frame = _user_frame(traceback.extract_tb(err.__traceback__), module.__file__)
+            at = f" at line {frame.lineno} of {frame.name}()" if frame else ""
+            print(f"✗ {label}: the code raised {type(err).__name__}{at}: {err}")
         return Verdict(False)
     print(f"✓ {label}: every check of solutions/{stem}.py passed")
     return Verdict(True)
 
 
-def _raises_in(tb: types.TracebackType | None, piece) -> bool:
-    code = getattr(piece, "__code__", None) or getattr(getattr(piece, "__init__", None), "__code__", None)
-    return code is not None and any(frame.f_code is code for frame, _ in traceback.walk_tb(tb))
+def _innermost(tb: types.TracebackType | None) -> types.CodeType | None:
+    """The code object of the frame that raised."""
+    frames = list(traceback.walk_tb(tb))
+    return frames[-1][0].f_code if frames else None
+
+
+def _codes(piece) -> set[types.CodeType]:
+    """The code objects a piece runs as itself: a function's, or the methods of a class (or of an instance's)."""
+    if inspect.isfunction(piece) or inspect.ismethod(piece):
+        return {piece.__code__}
+    cls = piece if inspect.isclass(piece) else type(piece)
+    return {getattr(v, "__code__", None) for k in inspect.getmro(cls) if k is not object
+            for v in vars(k).values()} - {None}
+
+
+def _user_frame(frames: traceback.StackSummary, solutions: str):
+    """The last frame in the student's code (a notebook cell or a file outside the installed libraries), else
+    the last frame in the solutions file, else the last one."""
+    paths = sysconfig.get_paths()
+    libraries = {str(Path(p).resolve()) for p in (paths["stdlib"], paths["purelib"], paths["platlib"])}
+    libraries.add(str(Path(__file__).resolve().parent))                 # dppo_core itself, installed editable or not
+    own = [f for f in frames if f.filename not in (__file__, solutions)
+           and not any(str(Path(f.filename).resolve()).startswith(lib) for lib in libraries)]
+    in_solutions = [f for f in frames if f.filename == solutions]
+    return (own or in_solutions or list(frames) or [None])[-1]

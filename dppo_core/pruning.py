@@ -349,9 +349,13 @@ def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str 
 def expected_ess(prompt_probs: torch.Tensor, completion_probs: torch.Tensor) -> float:
     """The completion stage's effective sample size, predicted before its draw: (Σ 1/π_q)² / Σ 1/(π_q² p_qi).
 
-    Over the completions with p_qi > 0 of the rolled-out prompts (probabilities ``prompt_probs`` (P,) and
-    ``completion_probs`` (P, G)): the ratio of E[Σ w]² to E[Σ w²] for the weights w = 1/(π_q p_qi) of the kept
-    ones, Kish's effective sample size (:func:`effective_sample_size`) with expectations in place of sums.
+    Conditional on the prompts being rolled out: ``prompt_probs`` (P,) and ``completion_probs`` (P, G) are those
+    of prompts already kept (the estimator calls it after prompt selection), and the sums run over their
+    completions with p_qi > 0. It is the ratio of E[Σ w]² to E[Σ w²] over the completion draw alone, for the
+    weights w = 1/(π_q p_qi) of the kept completions: Kish's effective sample size (:func:`effective_sample_size`)
+    with expectations in place of sums. Fed every candidate prompt, it overstates the ESS where prompts are
+    pruned (it counts a pruned prompt's completions as drawn). Before the prompt draw too, over the N completions
+    that can be kept, E[Σ w] = N and E[Σ w²] = Σ 1/(π_q p_qi), so the unconditional ratio is N² / Σ 1/(π_q p_qi).
     """
     pi = torch.as_tensor(prompt_probs, dtype=torch.float64)[:, None].expand_as(torch.as_tensor(completion_probs))
     p = torch.as_tensor(completion_probs, dtype=torch.float64)

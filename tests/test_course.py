@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_core.course import CPU_KERNEL_PINS, check, load_solutions
+from dppo_core.course import CPU_KERNEL_PINS, check, load_solutions, pin_cpu_kernels
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +52,50 @@ def test_an_error_in_the_students_code_is_reported_not_raised(capsys):
     assert "✗ exercise 2: the code raised IndexError at line" in out and "my_advantages()" in out
 
 
+def test_a_piece_left_out_is_an_error_not_a_pass():
+    """Left out, the solution's own piece (the parameter's default) would be checked and pass."""
+    with pytest.raises(TypeError, match=r"pass your my_k3 too \(my_k3=my_k3\)"):
+        check("ch03_grpo", 1)
+
+
+def test_not_implemented_in_library_code_is_an_error_not_a_stub(capsys):
+    def my_k3(logp, ref_logp):                     # calls something that raises NotImplementedError itself
+        return torch.distributions.Distribution(validate_args=False).mean
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    out = capsys.readouterr().out
+    assert "not done yet" not in out and "✗ exercise 1: the code raised NotImplementedError at line" in out
+    assert "my_k3()" in out                        # the student's line, not the library's
+
+
+def test_an_assert_in_the_students_own_code_is_their_error(capsys):
+    def my_k3(logp, ref_logp):
+        assert logp.dim() == 1, "my_k3 expects one row"
+        return logp
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    out = capsys.readouterr().out
+    assert "✗ exercise 1: the code raised AssertionError at line" in out and "my_k3 expects one row" in out
+
+
+def test_a_class_piece_that_is_still_a_stub_is_not_done_yet(capsys):
+    class Half:
+        def __call__(self, logp, ref_logp):
+            raise NotImplementedError
+
+    assert not check("ch03_grpo", 1, my_k3=Half())
+    assert "not done yet (`my_k3` raises NotImplementedError)" in capsys.readouterr().out
+
+
+def test_the_checks_run_under_python_dash_o():
+    """The asserts are the checks: compiled with optimize=0 they run even when Python strips asserts."""
+    code = ("from dppo_core.course import check; import sys; "
+            "sys.exit(0 if not check('ch03_grpo', 1, my_k3=lambda logp, ref: logp * 0) else 1)")
+    done = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1] / "notebooks")
+    assert done.returncode == 0 and "✗ exercise 1: a check failed" in done.stdout, done.stdout + done.stderr
+
+
 def test_a_wrong_piece_name_or_file_is_a_clear_error():
     with pytest.raises(TypeError, match="exercise 1 takes my_k3, not k3"):
         check("ch03_grpo", 1, k3=lambda a, b: a)
@@ -61,7 +105,7 @@ def test_a_wrong_piece_name_or_file_is_a_clear_error():
         check("03_grpo.ipynb", 1)
 
 
-def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch):
+def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch, capsys):
     """Opened alone (Colab) the file comes from the repository: here the download is replaced by the file's text."""
     import dppo_core.bench.report as report
     import dppo_core.course as course
@@ -70,9 +114,12 @@ def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(report, "committed_result", lambda relative: asked.append(relative) or text)
     monkeypatch.setattr(course, "_LOADED", {})
+    monkeypatch.delitem(sys.modules, "ch03_grpo", raising=False)        # restored after the test
     monkeypatch.chdir(tmp_path)
     assert not check("ch03_grpo", 2, my_advantages=lambda r, s: torch.zeros_like(r))
     assert asked == ["notebooks/solutions/ch03_grpo.py"]
+    out = capsys.readouterr().out                  # the failed assert is quoted from the downloaded text
+    assert "a check failed (line" in out and "assert torch.allclose(my_advantages(one_right" in out
 
 
 def test_the_kernel_pins_are_the_makefiles():
@@ -97,6 +144,20 @@ def test_pin_cpu_kernels_sets_them_before_torch_loads(tmp_path):
     assert lines[0] == "{}"                                              # not an AVX2 CPU: nothing set
     assert lines[1] == str({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
     here = Path("/proc/cpuinfo")
-    if here.is_file() and re.search(r"\bavx2\b", here.read_text()):
-        assert lines[2] == "AVX2"                                        # this machine's CPU really has AVX2
+    if here.is_file() and re.search(r"\bavx512f\b", here.read_text()):
+        # this CPU would run AVX-512 kernels unpinned: the pin is what makes torch run its AVX2 ones
+        probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+        unpinned = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        assert unpinned != "AVX2" and lines[2] == "AVX2", (unpinned, lines[2])
+
+
+def test_pin_cpu_kernels_says_when_torch_came_first(tmp_path, monkeypatch, capsys):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: avx2\n")
+    monkeypatch.setattr(os, "environ", {})         # nothing set yet, and torch is imported (by this test file)
+    assert pin_cpu_kernels(cpuinfo) == CPU_KERNEL_PINS
+    assert "torch was imported before the kernel pins were set" in capsys.readouterr().out
+    pin_cpu_kernels(cpuinfo)                       # already set: nothing to say
+    assert capsys.readouterr().out == ""
 

@@ -69,8 +69,12 @@ def test_every_chapter_has_exercises_with_solutions_and_checks(notebook):
         call = re.search(rf'check\("{stem}", {n}((?:, \w+=\w+)*)\)', code)
         assert call, f'{notebook.name}, exercise {n}: its cell must call check("{stem}", {n}, piece=piece, ...)'
         pieces = re.findall(r"(\w+)=(\w+)", call[1])
-        takes = list(inspect.signature(module[f"exercise_{n}"]).parameters)
+        parameters = inspect.signature(module[f"exercise_{n}"]).parameters
+        takes = list(parameters)
         assert pieces and all(a == b for a, b in pieces), (notebook.name, n, pieces)
+        code_pieces = [k for k, p in parameters.items() if inspect.isfunction(p.default) or inspect.isclass(p.default)]
+        assert {k for k, _ in pieces} >= set(code_pieces), \
+            f"{notebook.name}, exercise {n}: every piece of code exercise_{n} takes is passed ({code_pieces})"
         for name, _ in pieces:
             assert name in takes, f"{notebook.name}, exercise {n}: exercise_{n} takes {takes}, not {name}"
             assert re.search(rf"^(def|class) {name}\b", code, re.M), \

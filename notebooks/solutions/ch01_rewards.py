@@ -18,7 +18,7 @@ from dppo_core.rewards import REL_TOL, format_reward, numbers_equal, parse_numbe
 # --------------------------------------------------------------------------------------------------
 
 
-def my_number(s: str) -> Fraction | None:
+def my_number_sci(s: str) -> Fraction | None:
     """The chapter's my_number, plus `1.2e-8` and `6.5 \\times 10^{-2}` (an exact power of ten, no float)."""
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"\^\{?\\circ\}?", "", s)
@@ -40,21 +40,21 @@ def my_number(s: str) -> Fraction | None:
     return None if value is None else value * Fraction(10) ** exponent
 
 
-def exercise_1(my_number=my_number) -> None:
+def exercise_1(my_number_sci=my_number_sci) -> None:
     cases = ["6.5 \\times 10^{-2}", "1.2e-8", "-3E4", "2.5 \\times 10^3", "7 \\cdot 10^{2}", "4.1E+5", "1,000",
              "\\frac{3}{4}", "0.065", "42", "\\$18.00", "-7/8"]
     for s in cases:
-        assert my_number(s) == parse_number(s), (s, my_number(s), parse_number(s))
-        assert isinstance(my_number(s), Fraction), f"{s!r}: return a Fraction (exact), not {type(my_number(s))}"
-    assert my_number("6.5 \\times 10^{-2}") == my_number("0.065") == Fraction(13, 200)
-    assert my_number("1.2e-8") == Fraction(12, 10**9)                 # exactly: Fraction(1.2e-8) is not
-    print(f"my_number == dppo_core.rewards.parse_number on {len(cases)} answers, scientific notation included")
+        assert my_number_sci(s) == parse_number(s), (s, my_number_sci(s), parse_number(s))
+        assert isinstance(my_number_sci(s), Fraction), f"{s!r}: return a Fraction (exact), not {type(my_number_sci(s))}"
+    assert my_number_sci("6.5 \\times 10^{-2}") == my_number_sci("0.065") == Fraction(13, 200)
+    assert my_number_sci("1.2e-8") == Fraction(12, 10**9)                 # exactly: Fraction(1.2e-8) is not
+    print(f"my_number_sci == dppo_core.rewards.parse_number on {len(cases)} answers, scientific notation included")
     # 1.24e-8 and 1.25e-8 differ by 0.8% of their size: two different measurements, not a rounding of one
     # number. A tolerance on the absolute difference (1e-10 < 1e-6) would call them equal; the package's
     # tolerance is relative (REL_TOL of the larger magnitude), so tiny numbers are compared at their scale.
-    a, b = my_number("1.24e-8"), my_number("1.25e-8")
+    a, b = my_number_sci("1.24e-8"), my_number_sci("1.25e-8")
     assert a != b and abs(a - b) < Fraction(1, 10**6) and not numbers_equal(a, b)
-    assert numbers_equal(my_number("0.333333333"), Fraction(1, 3))  # a rounded 1/3 still matches
+    assert numbers_equal(my_number_sci("0.333333333"), Fraction(1, 3))  # a rounded 1/3 still matches
     print(f"1.24e-8 vs 1.25e-8: equal under an absolute 1e-6 tolerance, not under the relative {REL_TOL:g}")
 
 

@@ -1,5 +1,5 @@
-"""Chapter 08 exercises, solved and checked: time to target, Amdahl's law for completion pruning, and why
-the measured speedup can beat the token-cost bound.
+"""Chapter 08 exercises, solved and checked: the time to target interpolated between evaluations, Amdahl's law
+for completion pruning, and why the measured speedup can beat the token-cost bound.
 
 Run: python notebooks/solutions/ch08_dppo_end_to_end.py
 (under a second, no model; tests/test_solutions.py runs it too)
@@ -10,37 +10,75 @@ from __future__ import annotations
 import math
 import random
 
-from dppo_core.bench import compare, time_to_target, token_cost_bound
+from dppo_core.bench import compare, crossing_time, time_to_target, token_cost_bound
 from dppo_core.packing import PackSequence, pack, pad, plan_rows
 
 # --------------------------------------------------------------------------------------------------
-# Exercise 1: time to target
+# Exercise 1: time to target, between the evaluations
 # --------------------------------------------------------------------------------------------------
 
 
-def my_time_to_target(curve, target):
-    """Training time of the first evaluation with sampled accuracy >= target; None if there is none."""
+def my_crossing_time(curve, target):
+    """Training time at which the accuracy first reaches ``target``, interpolated linearly between the last
+    evaluation below it and the first at or above it (that one's time if it is the first evaluation); None if
+    no evaluation reaches it. Evaluations whose accuracy is None are skipped."""
+    prev = None
     for point in curve:
-        if point.get("sampled_accuracy") is not None and point["sampled_accuracy"] >= target:
-            return point["train_s"]
+        acc = point.get("sampled_accuracy")
+        if acc is None:
+            continue
+        if acc >= target:
+            if prev is None:
+                return point["train_s"]
+            t0, a0 = prev
+            return t0 + (target - a0) / (acc - a0) * (point["train_s"] - t0)
+        prev = (point["train_s"], acc)
     return None
 
 
-def exercise_1(my_time_to_target=my_time_to_target) -> None:
-    curve = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.40},
-             {"step": 10, "train_s": 50.0, "sampled_accuracy": 0.52},
-             {"step": 20, "train_s": 101.0, "sampled_accuracy": 0.49},   # noise: dips below again
-             {"step": 30, "train_s": 150.0, "sampled_accuracy": 0.58}]
-    for target in (0.3, 0.4, 0.5, 0.52, 0.55, 0.58, 0.6):
-        assert my_time_to_target(curve, target) == time_to_target(curve, target)
-    assert my_time_to_target(curve, 0.4) == 0.0         # reached at the start: time 0, not None
-    assert my_time_to_target(curve, 0.52) == 50.0       # "at or above": equality counts
-    gap = [{"step": 0, "train_s": 0.0, "sampled_accuracy": None},   # an evaluation that did not run
-           {"step": 10, "train_s": 40.0, "sampled_accuracy": 0.7}]
-    assert my_time_to_target(gap, 0.5) == time_to_target(gap, 0.5) == 40.0
-    assert my_time_to_target(curve, 0.5) == 50.0        # the first crossing counts, not the last
-    assert my_time_to_target(curve, 0.6) is None        # never reached: no time (not infinity, not the end)
-    print("time to target: first crossing 50 s for 0.5; None for 0.6")
+def _evaluated(times, accuracy):
+    return [{"step": 10 * k, "train_s": t, "sampled_accuracy": accuracy(t)} for k, t in enumerate(times)]
+
+
+def exercise_1(my_crossing_time=my_crossing_time) -> None:
+    # a curve that is exactly linear between its evaluations: acc(t) = 0.4 + 0.002 t, evaluated at uneven times;
+    # the true crossing of a target a is (a - 0.4) / 0.002, wherever the evaluations fall
+    times = [0.0, 37.0, 81.0, 120.0, 166.0]
+    line = _evaluated(times, lambda t: 0.4 + 0.002 * t)
+    for target in (0.45, 0.5, 0.55, 0.6, 0.7):
+        exact = (target - 0.4) / 0.002
+        assert math.isclose(my_crossing_time(line, target), exact, rel_tol=1e-9, abs_tol=1e-9)
+    assert my_crossing_time(line, 0.4) == 0.0              # reached at the first evaluation: its time
+    assert my_crossing_time(line, 0.8) is None             # never reached (0.732 at the end): None, not the end
+    # a curve that crosses, dips below again and crosses once more: the first crossing counts
+    dip = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.40},
+           {"step": 10, "train_s": 50.0, "sampled_accuracy": 0.60},
+           {"step": 20, "train_s": 101.0, "sampled_accuracy": 0.45},
+           {"step": 30, "train_s": 150.0, "sampled_accuracy": 0.70}]
+    assert math.isclose(my_crossing_time(dip, 0.5), 25.0)  # halfway from 0.40 at 0 s to 0.60 at 50 s
+    assert math.isclose(my_crossing_time(dip, 0.65), 101.0 + 0.8 * 49.0)   # only the second rise reaches 0.65
+    # an evaluation that did not run is skipped: interpolate across the gap
+    gap = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.30},
+           {"step": 10, "train_s": 40.0, "sampled_accuracy": None},
+           {"step": 20, "train_s": 80.0, "sampled_accuracy": 0.70}]
+    assert math.isclose(my_crossing_time(gap, 0.5), 40.0)
+    # against the package's crossing_time, and next to time_to_target (resolved to the evaluations): never later,
+    # equal when an evaluation lands exactly on the target, None together
+    rng = random.Random(0)
+    for _ in range(200):
+        t, acc, curve = 0.0, rng.uniform(0.2, 0.5), []
+        for k in range(rng.randint(1, 8)):
+            curve.append({"step": 10 * k, "train_s": t, "sampled_accuracy": None if rng.random() < 0.1 else acc})
+            t, acc = t + rng.uniform(5.0, 60.0), min(1.0, max(0.0, acc + rng.uniform(-0.08, 0.15)))
+        for target in (rng.uniform(0.2, 0.9), *(p["sampled_accuracy"] for p in curve if p["sampled_accuracy"])):
+            mine, coarse = my_crossing_time(curve, target), time_to_target(curve, target)
+            theirs = crossing_time(curve, target)
+            assert (mine is None) == (theirs is None) == (coarse is None)
+            if mine is not None:
+                assert math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-9)
+                assert mine <= coarse + 1e-9
+    print(f"crossing 0.5 at {my_crossing_time(dip, 0.5):.1f} s by interpolation; the first evaluation at or above "
+          f"it says {time_to_target(dip, 0.5):.0f} s")
 
 
 # --------------------------------------------------------------------------------------------------
