@@ -73,6 +73,7 @@ def run_notebook(path: Path, timeout: int, write: bool) -> tuple[float, float, s
         error = str(exc).strip().splitlines()[-1][:200]
     wall, cpu = time.perf_counter() - t0, children_cpu_seconds() - cpu0
     if write and error is None:
+        nb.metadata.pop("widgets", None)     # the sliders' saved state: large, and they need a live kernel anyway
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     return wall, cpu, error
 
