@@ -402,6 +402,27 @@ def _page_state(page) -> str:
         return f"(page state unavailable: {e})"
 
 
+def _launch(pw, chromium: str, tmp_path: Path, console: list[str]):
+    """Headless Chromium with its own profile; JavaScript errors and page errors are collected in ``console``."""
+    context = pw.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+        args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900}, timeout=120_000)
+    page = context.pages[0] if context.pages else context.new_page()
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    return context, page
+
+
+def _open_with_kernel(page, url: str) -> None:
+    """Open the notebook in JupyterLab and wait until its kernel is up and connected."""
+    page.goto(url, wait_until="domcontentloaded", timeout=LAB_LOAD_MS)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=LAB_LOAD_MS)
+    # The status bar reads "Python 3 (ipykernel) | Idle" once the kernel is up and connected.
+    page.wait_for_function(
+        "() => /\\|\\s*Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')",
+        timeout=LAB_LOAD_MS, polling=POLL_MS)
+
+
 @pytest.mark.slow
 def test_chapter_widget_renders_and_responds_in_chromium(chromium, jupyter_lab, tmp_path):
     from playwright.sync_api import Error as PlaywrightError
@@ -416,20 +437,10 @@ def test_chapter_widget_renders_and_responds_in_chromium(chromium, jupyter_lab, 
     timings: dict[str, float] = {}
 
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900}, timeout=120_000)
-        page = context.pages[0] if context.pages else context.new_page()
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        context, page = _launch(pw, chromium, tmp_path, console)
         try:
             step = "loading JupyterLab and starting the kernel"
-            page.goto(url, wait_until="domcontentloaded", timeout=LAB_LOAD_MS)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=LAB_LOAD_MS)
-            # The status bar reads "Python 3 (ipykernel) | Idle" once the kernel is up and connected.
-            page.wait_for_function(
-                "() => /\\|\\s*Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')",
-                timeout=LAB_LOAD_MS, polling=POLL_MS)
+            _open_with_kernel(page, url)
             timings["lab ready"] = time.monotonic() - t0
 
             step = "running the cells (Run > Run All Cells)"
@@ -534,19 +545,10 @@ def test_estimation_chapter_horvitz_thompson_cell_runs_in_chromium(chromium, jup
     step = "starting Chromium"
     t0 = time.monotonic()
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900}, timeout=120_000)
-        page = context.pages[0] if context.pages else context.new_page()
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        context, page = _launch(pw, chromium, tmp_path, console)
         try:
             step = "loading JupyterLab and starting the kernel"
-            page.goto(url, wait_until="domcontentloaded", timeout=LAB_LOAD_MS)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=LAB_LOAD_MS)
-            page.wait_for_function(
-                "() => /\\|\\s*Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')",
-                timeout=LAB_LOAD_MS, polling=POLL_MS)
+            _open_with_kernel(page, url)
 
             step = "running the cells (Run > Run All Cells)"
             page.get_by_role("menubar").get_by_role("menuitem", name="Run", exact=True).click()
