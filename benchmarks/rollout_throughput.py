@@ -1,6 +1,6 @@
 """Rollout throughput on CPU: the three engines across batch sizes and completion-length spreads.
 
-Made with (from the repository root; about 12 minutes on 2 otherwise idle CPU cores):
+Made with (from the repository root; about 16 minutes on 2 otherwise idle CPU cores):
 
     DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json
@@ -8,7 +8,9 @@ Made with (from the repository root; about 12 minutes on 2 otherwise idle CPU co
 Engines:
 
 - ``hf``: :class:`~dppo_core.rollout.HFRollout`'s default compact loop (a finished sequence leaves the
-  batch and the KV cache at once).
+  batch and the KV cache at once), whose decode steps run the lean step (:mod:`dppo_core.lean_decode`).
+- ``hf-forward``: the same loop with ``lean=False``: every decode step is a call of the model's forward
+  (the same samples, bit for bit).
 - ``hf-generate``: the same engine with ``decode="generate"`` (transformers ``generate``: every row is
   computed until the batch's longest completion ends). It gives the same samples as ``hf``.
 - ``vllm``: :class:`~dppo_core.vllm_engine.VLLMRollout`, in-process, fp32, eager.
@@ -44,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-ENGINES = ("hf", "hf-generate", "vllm")
+ENGINES = ("hf", "hf-forward", "hf-generate", "vllm")
 SPREADS = ("train", "full")
 NUM_GENERATIONS = 8
 #: the Makefile's variables that pin the CPU's floating-point kernels (recorded, not set, here)
@@ -75,7 +77,8 @@ def worker(spread: str, engine_name: str, args: argparse.Namespace) -> dict:
 
         engine = VLLMRollout(path, tokenizer)
     else:
-        engine = HFRollout(model, tokenizer, decode="generate" if engine_name == "hf-generate" else "compact")
+        engine = HFRollout(model, tokenizer, decode="generate" if engine_name == "hf-generate" else "compact",
+                           lean=engine_name == "hf")
     start_s = time.perf_counter() - t0
 
     def run(batch_size: int, seed: int) -> dict:
@@ -131,7 +134,8 @@ def summarize(per_pair: dict[tuple[str, str], list[dict]]) -> tuple[list[dict], 
 def write_markdown(report: dict, path: Path) -> None:
     """The results as Markdown tables, next to the JSON."""
     w = report["workload"]
-    lines = ["# Rollout throughput on CPU: compact transformers loop, transformers `generate`, vLLM", "",
+    lines = ["# Rollout throughput on CPU: compact transformers loop (lean step and forward), transformers "
+             "`generate`, vLLM", "",
              f"Command: `{report['command']}`", "",
              f"Workload: batch size / {NUM_GENERATIONS} prompts x {NUM_GENERATIONS} samples in one call, at most "
              f"{w['max_tokens']} new tokens, temperature 1; {w['statistic']}. `train`: the warm-started tiny "
@@ -152,8 +156,9 @@ def write_markdown(report: dict, path: Path) -> None:
                      + ", ".join(f"{s}: {x:.2f}" for s, x in v["across_batch_sizes"].items()) + " | "
                      + ", ".join(f"{b}: {x:.2f}" for b, x in v["across_spreads"].items()) + " |")
     for key, title in (("speedup_hf_over_generate", "Speed-up of the compact loop over `generate`"),
+                       ("speedup_lean", "Speed-up of the lean decode step over the model's forward in the same loop"),
                        ("speedup_vllm_over_hf", "vLLM over the compact loop")):
-        if report[key]:
+        if report.get(key):
             lines += ["", f"{title} (median tokens/s, spread/batch size): "
                       + ", ".join(f"{k}: {v:.2f}" for k, v in report[key].items()) + "."]
     m = report["machine"]
@@ -241,6 +246,7 @@ def main() -> int:
         "time_per_token_variation": variation,
         "speedup_hf_over_generate": speedups(results, "hf", "hf-generate"),
         "speedup_vllm_over_hf": speedups(results, "vllm", "hf"),
+        "speedup_lean": speedups(results, "hf", "hf-forward"),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if max(loads) > (os.cpu_count() or 1):  # ours adds ~1

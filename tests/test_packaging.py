@@ -90,7 +90,7 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 LAYERS = [
     {"config", "grpo", "pruning", "packing", "varlen", "shared_prefix", "rewards", "tasks", "benchmark_data", "models"},
     {"estimator"},
-    {"rollout", "vllm_engine"},
+    {"rollout", "lean_decode", "vllm_engine"},
     {"trainer", "data", "policy", "logprobs", "checkpoint", "distributed", "evaluate"},
     {"cli", "bench", "doctor", "gpu_check", "course", "integrations"},
 ]

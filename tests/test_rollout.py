@@ -260,18 +260,19 @@ def test_compact_loop_gives_generates_samples(warm_model, mixed_prompts, tempera
 
 
 def _decode_rows(model, prefill: list[int] | None = None) -> tuple[list[int], object]:
-    """Rows of every one-token (decode) forward of ``model``, recorded by a forward pre-hook (and the rows of
-    every longer, prompt, forward in ``prefill``)."""
+    """Rows of every one-token (decode) step of ``model``, recorded by a pre-hook on its token embedding, which
+    the model's forward and the lean decode step both call (and the rows of every longer, prompt, forward in
+    ``prefill``)."""
     rows: list[int] = []
 
-    def hook(_module, _args, kwargs):
-        ids = kwargs.get("input_ids")
-        if ids is not None and ids.shape[1] == 1:
+    def hook(_module, args):
+        ids = args[0]
+        if ids.shape[1] == 1:
             rows.append(ids.shape[0])
-        elif ids is not None and prefill is not None:
+        elif prefill is not None:
             prefill.append(ids.shape[0])
 
-    return rows, model.register_forward_pre_hook(hook, with_kwargs=True)
+    return rows, model.get_input_embeddings().register_forward_pre_hook(hook)
 
 
 def test_compact_loop_computes_only_running_sequences(warm_model, mixed_prompts):

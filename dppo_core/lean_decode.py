@@ -1,0 +1,217 @@
+"""A lean decode step for Llama-family models: the same arithmetic as the model's forward, less machinery.
+
+:class:`~dppo_core.rollout.HFRollout`'s compact loop calls the model once per generated token. On a small model
+on a CPU most of that call is not arithmetic: transformers builds a causal mask, a ``DynamicCache`` concatenates
+every layer's keys and values onto new tensors, and each of the ~70 sub-modules goes through ``nn.Module``'s
+call machinery.
+
+:class:`LeanDecoder` runs one decode step (one new token per running sequence) with the model's own weights and
+its own attention function, op for op what the decoder layers compute, and keeps keys and values in
+preallocated buffers written in place. What it leaves out is only the bookkeeping, so its logits are the
+forward's bit for bit on CPU in fp32 (tested, with left padding and rows leaving the batch), and the rollout's
+samples do not change.
+
+It takes the models it can reproduce exactly and nothing else (:meth:`LeanDecoder.unsupported` says why not):
+decoder-only Llama, Qwen2 and Qwen3 architectures with the default rotary embedding, plain ``nn.Linear``
+projections (no PEFT adapter, no bitsandbytes quantisation) and no sliding window. Everything else keeps the
+model's forward, with the same samples and the old cost.
+
+What it buys is measured in ``benchmarks/results/rollout_throughput.md`` (engines ``hf`` and ``hf-forward``:
+the same loop with and without it). What it cannot remove: each step is still a couple of hundred small
+tensor operations of a few microseconds each, whatever the number of sequences, so on a small model few
+sequences pay more per token than many.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: model types whose decoder layer is: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k
+#: in Qwen3 only, rotary embedding, softmax attention, o projection) -> residual -> RMSNorm -> SiLU-gated MLP
+#: -> residual, with the names transformers gives them
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+#: attention implementations whose decode step is transformers' sdpa or eager attention (the package's own
+#: ``torch_varlen`` and ``dppo_segments`` hand a call without their plan to sdpa)
+ATTENTION = ("sdpa", "eager", "torch_varlen", "dppo_segments")
+
+
+class LeanDecoder:
+    """One-token decode steps for a supported model, with its keys and values in preallocated buffers.
+
+    Use: ``decoder = LeanDecoder.for_model(model)`` (``None`` when the model is not supported), then per chunk
+    :meth:`start` with the prompt's filled ``DynamicCache``, :meth:`step` once per token, :meth:`keep` when
+    sequences leave the batch. The decoder reads the model's parameters at every step (no copies), so it
+    follows an optimizer's in-place updates.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        inner = model.model
+        self.config = model.config
+        self.embed = inner.embed_tokens
+        self.norm = inner.norm
+        self.lm_head = model.lm_head
+        self.rotary = inner.rotary_emb
+        self.layers = list(inner.layers)
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.qk_norm = hasattr(attn, "q_norm")
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0  # filled positions of the buffers (prompt width + tokens decoded so far)
+        self.padding = torch.zeros(0, 0, dtype=torch.bool)  # (rows, capacity): True where a key is a pad
+        self.padded = False  # whether any current row has a pad
+
+    @staticmethod
+    def unsupported(model: Any) -> str | None:
+        """Why ``model``'s forward cannot be reproduced here exactly, or ``None`` when it can."""
+        import transformers.models.llama.modeling_llama as llama
+        import transformers.models.qwen2.modeling_qwen2 as qwen2
+        import transformers.models.qwen3.modeling_qwen3 as qwen3
+
+        config = getattr(model, "config", None)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in ARCHITECTURES:
+            return f"model type {model_type!r} (the lean step knows {', '.join(ARCHITECTURES)})"
+        if type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+            return f"{type(model).__name__} is not a plain causal LM of its type (a PEFT or other wrapper)"
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            return f"rope type {rope.get('rope_type')!r} (the lean step computes the default rotary embedding)"
+        if getattr(config, "use_sliding_window", False) or any(
+                t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+            return "sliding-window attention layers"
+        if getattr(config, "hidden_act", "silu") != "silu":
+            return f"hidden_act {config.hidden_act!r} (the lean step computes SiLU)"
+        if getattr(config, "_attn_implementation", None) not in ATTENTION:
+            return f"attention implementation {getattr(config, '_attn_implementation', None)!r}"
+        norms = (llama.LlamaRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm)
+        layers = (llama.LlamaDecoderLayer, qwen2.Qwen2DecoderLayer, qwen3.Qwen3DecoderLayer)
+        for i, layer in enumerate(model.model.layers):
+            if type(layer) not in layers:
+                return f"layer {i} is a {type(layer).__name__}"
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+            if any(type(x) is not torch.nn.Linear for x in linears):
+                kinds = sorted({type(x).__name__ for x in linears if type(x) is not torch.nn.Linear})
+                return f"projections of type {', '.join(kinds)} (PEFT adapters or quantised layers)"
+            if type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
+                return f"MLP activation {type(mlp.act_fn).__name__}"
+            if any(type(n) not in norms for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+                return "a norm that is not the architecture's RMSNorm"
+        if type(model.lm_head) is not torch.nn.Linear:
+            return f"lm_head of type {type(model.lm_head).__name__}"
+        return None
+
+    @classmethod
+    def for_model(cls, model: Any) -> LeanDecoder | None:
+        """A decoder for ``model``, or ``None`` where :meth:`unsupported` gives a reason."""
+        return None if cls.unsupported(model) is not None else cls(model)
+
+    def start(self, cache: Any, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+        """Take over the prompt's keys and values from a filled ``DynamicCache`` (its rows are the chunk's rows).
+
+        ``attention_mask`` is the prompt's ``(rows, width)`` mask (0 on left padding); the buffers hold
+        ``width + max_new_tokens`` positions.
+        """
+        rows, width = attention_mask.shape
+        capacity = width + max_new_tokens
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            for src, dst in ((layer.keys, self.keys), (layer.values, self.values)):
+                buf = src.new_empty((rows, src.shape[1], capacity, src.shape[3]))
+                buf[:, :, :width] = src
+                dst.append(buf)
+        self.length = width
+        self.padding = torch.zeros((rows, capacity), dtype=torch.bool, device=attention_mask.device)
+        self.padding[:, :width] = attention_mask == 0
+        self.padded = bool(self.padding.any())
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices into the current rows), as ``DynamicCache.batch_select_indices`` does."""
+        # in place: the kept rows move to the front of the same buffers (only their filled positions), so the
+        # buffers' memory is allocated once per chunk
+        t, m = self.length, len(rows)
+        for buffers in (self.keys, self.values):
+            for i, buf in enumerate(buffers):
+                buf[:m, :, :t] = buf[rows, :, :t]
+                buffers[i] = buf[:m]
+        self.padding = self.padding[rows]
+        self.padded = bool(self.padding.any())
+
+    def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``(rows, vocab)`` of the next token after ``input_ids`` ``(rows,)`` at ``position_ids`` ``(rows,)``.
+
+        The same operations as the model's forward for one new token with a ``DynamicCache`` (the attention
+        mask is the one transformers builds: none where no running row has padding, else a boolean mask).
+        """
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        t = self.length
+        if t >= self.keys[0].shape[2]:
+            raise RuntimeError(f"the decode buffers hold {t} positions and are full; start() with a larger "
+                               "max_new_tokens")
+        rows = input_ids.shape[0]
+        hidden = self.embed(input_ids[:, None])  # (rows, 1, hidden)
+        cos, sin = self.rotary(hidden, position_ids[:, None])  # (rows, 1, head_dim)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        # the mask transformers builds for one query token: for sdpa none when no row has padding, else the
+        # allowed keys; for eager an additive float mask (min where masked), always
+        allowed = None if not self.padded else ~self.padding[:, None, None, : t + 1]
+        if self.config._attn_implementation == "eager":
+            attention = _eager_attention(self.layers[0])
+            mask = torch.zeros((rows, 1, 1, t + 1), dtype=hidden.dtype, device=hidden.device)
+            if allowed is not None:
+                mask.masked_fill_(~allowed, torch.finfo(hidden.dtype).min)
+        else:
+            attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+            mask = allowed
+        shape = (rows, 1, -1, self.head_dim)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            residual = hidden
+            h = _rms_norm(hidden, layer.input_layernorm)
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(shape)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(shape)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(shape)
+            if self.qk_norm:
+                q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, 1, head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.keys[i][:, :, t : t + 1] = k
+            self.values[i][:, :, t : t + 1] = v
+            out, _ = attention(attn, q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], mask,
+                               dropout=0.0, scaling=attn.scaling, sliding_window=None)
+            hidden = residual + F.linear(out.reshape(rows, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
+            residual = hidden
+            h = _rms_norm(hidden, layer.post_attention_layernorm)
+            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+            hidden = residual + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        self.length = t + 1
+        hidden = _rms_norm(hidden, self.norm)
+        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)[:, -1]
+
+
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """What Llama/Qwen RMSNorm's forward computes (in float32, cast back before the weight)."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _eager_attention(layer: torch.nn.Module):
+    """The modelling file's ``eager_attention_forward`` for ``layer``'s architecture."""
+    import importlib
+
+    return importlib.import_module(type(layer).__module__).eager_attention_forward

@@ -1,0 +1,154 @@
+"""The lean decode step (dppo_core.lean_decode) against the model's own forward: the same logits bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dppo_core.lean_decode import LeanDecoder
+from dppo_core.models import load_model
+from dppo_core.rollout import HFRollout, SamplingConfig
+from dppo_core.tasks import ArithmeticTask
+
+
+def _tiny(kind: str, attn: str = "sdpa") -> torch.nn.Module:
+    """A random two-layer model of ``kind``, with grouped-query heads and (where the architecture has them) biases."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    config = {"qwen3": lambda: Qwen3Config(**common, head_dim=24),  # a head size other than hidden / heads
+              "qwen2": lambda: Qwen2Config(**common),  # q, k and v projections with biases
+              "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True)}[kind]()
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+    with torch.no_grad():  # biases are zero at initialisation: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    return model
+
+
+def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = None) -> int:
+    """Decode ``steps`` tokens with the model's forward (DynamicCache, growing mask) and with the lean step from
+    the same left-padded prefill, feeding both the same tokens and dropping the same rows; assert equal logits.
+    Returns how many logit rows were compared."""
+    from transformers import DynamicCache
+
+    leave = leave or {}
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    lengths = [5, 9, 3, 9, 7, 1]
+    width = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width), generator=gen)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):  # left padding
+        mask[i, width - n:] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    compared = 0
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        lean = LeanDecoder.for_model(model)
+        assert lean is not None, LeanDecoder.unsupported(model)
+        lean.start(cache, mask, steps)
+        cache_ref = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache_ref, use_cache=True)
+        pos = positions[:, -1]
+        for step in range(steps):
+            if step in leave:
+                keep = torch.tensor(leave[step])
+                cache_ref.batch_select_indices(keep)
+                lean.keep(keep)
+                mask, pos = mask[keep], pos[keep]
+            tok = torch.randint(1, vocab, (len(pos),), generator=gen)
+            pos = pos + 1
+            mask = torch.cat([mask, mask.new_ones((len(pos), 1))], dim=-1)
+            ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+                        past_key_values=cache_ref, use_cache=True, logits_to_keep=1).logits[:, -1]
+            got = lean.step(tok, pos)
+            assert torch.equal(got, ref), (step, (got - ref).abs().max().item())
+            compared += len(pos)
+    return compared
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_lean_step_gives_the_forwards_logits_bit_for_bit(kind, attn):
+    # rows 2 and 5 (the shortest prompts, with the most padding) leave after step 2; then every padded row but one
+    assert _decode_both(_tiny(kind, attn), steps=7, leave={2: [0, 1, 3, 4], 4: [1, 2, 3]}) == 6 * 2 + 4 * 2 + 3 * 3
+
+
+def test_lean_step_on_the_package_models_attention(warm_small_model_dir):
+    # the warm-started model as the trainer loads it, and with the package's own attention implementations,
+    # which hand a call without their plan to sdpa
+    from dppo_core.shared_prefix import NAME as SEGMENTS
+    from dppo_core.shared_prefix import register as register_segments
+    from dppo_core.varlen import NAME as VARLEN
+    from dppo_core.varlen import register as register_varlen
+
+    register_segments()
+    register_varlen()
+    model, _ = load_model(warm_small_model_dir)
+    _decode_both(model, leave={1: [0, 1, 2, 3, 4]})
+    for attn in (SEGMENTS, VARLEN):
+        model.set_attn_implementation(attn)
+        _decode_both(model, leave={3: [1, 3]})
+
+
+def test_lean_step_follows_in_place_updates(warm_small_model_dir):
+    model, _ = load_model(warm_small_model_dir)
+    with torch.no_grad():  # what an optimizer step does: the same tensors, new values
+        for p in model.parameters():
+            p.mul_(1.01)
+    _decode_both(model)
+
+
+def test_rollouts_with_and_without_the_lean_step_are_identical(warm_small_model_dir):
+    model, tok = load_model(warm_small_model_dir)
+    prompts = [p.messages() for p in ArithmeticTask().test_set(2)]
+    sampling = SamplingConfig(max_tokens=24, temperature=1.0, seed=11)
+    fast = HFRollout(model, tok, batch_size=12).generate(prompts, 4, sampling)
+    plain = HFRollout(model, tok, batch_size=12, lean=False).generate(prompts, 4, sampling)
+    assert len({n for g in fast.lengths() for n in g}) >= 3  # rows left the batch at different steps
+    for gf, gp in zip(fast.groups, plain.groups, strict=True):
+        for f, p in zip(gf.completions, gp.completions, strict=True):
+            assert f.token_ids == p.token_ids and f.logprobs == p.logprobs
+
+
+def test_unsupported_models_say_why_and_keep_their_forward(warm_small_model_dir, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model, tok = load_model(warm_small_model_dir)
+    assert LeanDecoder.unsupported(model) is None
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert "PEFT" in LeanDecoder.unsupported(peft_model)
+    assert "PEFT" in LeanDecoder.unsupported(peft_model.get_base_model())  # the LoRA layers inside it
+    assert HFRollout(peft_model, tok)._lean_decoder() is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    assert "model type 'gpt2'" in LeanDecoder.unsupported(gpt2)
+    scaled = _tiny("llama")
+    scaled.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert "rope type 'linear'" in LeanDecoder.unsupported(scaled)
+    windowed = _tiny("qwen2")
+    windowed.config.use_sliding_window = True
+    assert "sliding-window" in LeanDecoder.unsupported(windowed)
+    flash = _tiny("qwen3")
+    flash.config._attn_implementation = "flash_attention_2"
+    assert "attention implementation 'flash_attention_2'" in LeanDecoder.unsupported(flash)
+
+
+def test_a_full_buffer_is_refused():
+    from transformers import DynamicCache
+
+    model = _tiny("qwen3")
+    ids = torch.randint(1, 97, (2, 4))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        lean = LeanDecoder(model)
+        lean.start(cache, torch.ones_like(ids), max_new_tokens=1)
+        lean.step(ids[:, 0], torch.tensor([4, 4]))
+        with pytest.raises(RuntimeError, match="buffers hold 5 positions and are full"):
+            lean.step(ids[:, 0], torch.tensor([5, 5]))
