@@ -30,7 +30,9 @@ engine) measurement runs in a fresh subprocess (vLLM pins CPU threads for the wh
 call per batch size, then ``--repeats`` timed calls with different seeds; ``--rounds`` rounds cycle through
 all pairs, so a change in machine load hits every pair alike. Reported per (spread, engine, batch size): the
 median over rounds x repeats, and per engine how much its time per token varies across batch sizes and
-spreads (max / min of the medians). Machine load is recorded before and after.
+spreads (max / min of the medians), and a cost model: each call's seconds fitted as a fixed cost per decode step
+plus a cost per generated token, with the fixed cost that a 15% variation would allow (``--summarize``
+recomputes it from a result file's runs). Machine load is recorded before and after.
 """
 
 from __future__ import annotations
@@ -131,6 +133,37 @@ def summarize(per_pair: dict[tuple[str, str], list[dict]]) -> tuple[list[dict], 
     return results, variation
 
 
+def cost_model(results: list[dict]) -> dict:
+    """Per engine, a least-squares fit of each call's seconds = f x decode steps + c x generated tokens (steps:
+    the call's longest completion), and the largest fixed cost per step f for which the fitted time per token,
+    c + f x steps / tokens, would vary by at most 15% over the measured cells (at the fitted c)."""
+    import numpy as np
+
+    model = {}
+    # generate computes every row until the longest completion ends: its cost does not follow the tokens
+    for engine_name in sorted({r["engine"] for r in results} - {"hf-generate"}):
+        rows = [r for r in results if r["engine"] == engine_name]
+        runs = [run for r in rows for run in r["runs"]]
+        x = np.array([[run["max_length"], run["tokens"]] for run in runs], dtype=float)
+        y = np.array([run["seconds"] for run in runs])
+        (fixed, per_token), *_ = np.linalg.lstsq(x, y, rcond=None)
+        r2 = 1 - ((y - x @ np.array([fixed, per_token])) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+        steps_per_token = {}
+        for r in rows:
+            steps_per_token.setdefault(r["spread"], []).append(
+                statistics.mean(run["max_length"] for run in r["runs"]) / statistics.mean(
+                    run["tokens"] for run in r["runs"]))
+
+        # (c + f hi) <= 1.15 (c + f lo)  <=>  f <= 0.15 c / (hi - 1.15 lo), hi and lo the extreme steps per token
+        needed = {s: 0.15 * per_token / (max(v) - 1.15 * min(v)) for s, v in sorted(steps_per_token.items())}
+        model[engine_name] = {
+            "fixed_s_per_step": round(float(fixed), 6), "s_per_token": round(float(per_token), 8),
+            "r2": round(float(r2), 3),
+            "fixed_s_per_step_for_1_15": {s: round(float(v), 6) for s, v in needed.items()},
+        }
+    return model
+
+
 def write_markdown(report: dict, path: Path) -> None:
     """The results as Markdown tables, next to the JSON."""
     w = report["workload"]
@@ -155,6 +188,17 @@ def write_markdown(report: dict, path: Path) -> None:
         lines.append(f"| {engine_name} | {v['all']:.2f} | "
                      + ", ".join(f"{s}: {x:.2f}" for s, x in v["across_batch_sizes"].items()) + " | "
                      + ", ".join(f"{b}: {x:.2f}" for b, x in v["across_spreads"].items()) + " |")
+    if report.get("cost_model"):
+        lines += ["", "Cost model, per engine (not `generate`, which computes every row to the longest completion): "
+                  "each call's seconds fitted as f x decode steps (its longest completion) + c x generated tokens "
+                  "(least squares over every timed call), and the largest f at which the fitted time per token "
+                  "would vary by at most 15% across batch sizes, per spread:", "",
+                  "| engine | f, ms per decode step | c, µs per token | R² | f for at most 15% |",
+                  "|---|---|---|---|---|"]
+        for engine_name, m in report["cost_model"].items():
+            need = ", ".join(f"{s}: {v * 1e3:.2f} ms" for s, v in m["fixed_s_per_step_for_1_15"].items())
+            lines.append(f"| {engine_name} | {m['fixed_s_per_step'] * 1e3:.2f} | {m['s_per_token'] * 1e6:.1f} | "
+                         f"{m['r2']:.3f} | {need} |")
     for key, title in (("speedup_hf_over_generate", "Speed-up of the compact loop over `generate`"),
                        ("speedup_lean", "Speed-up of the lean decode step over the model's forward in the same loop"),
                        ("speedup_vllm_over_hf", "vLLM over the compact loop")):
@@ -187,12 +231,20 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per batch size per worker process")
     parser.add_argument("--rounds", type=int, default=3, help="worker processes per (spread, engine) pair")
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--summarize", action="store_true",
+                        help="only recompute the cost model and the Markdown from the runs in --output")
     parser.add_argument("--worker", nargs=2, metavar=("SPREAD", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if any(b < NUM_GENERATIONS or b % NUM_GENERATIONS for b in args.batch_sizes):
         parser.error(f"--batch-sizes must be multiples of {NUM_GENERATIONS} (prompts x {NUM_GENERATIONS} samples), "
                      f"got {args.batch_sizes}")
 
+    if args.summarize:  # the cost model and the Markdown again, from the runs already in --output
+        report = json.loads(args.output.read_text())
+        report["cost_model"] = cost_model(report["results"])
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
+        write_markdown(report, args.output.with_suffix(".md"))
+        return 0
     if args.worker:
         print("RESULT " + json.dumps(worker(*args.worker, args)), flush=True)
         return 0
@@ -244,6 +296,7 @@ def main() -> int:
                     "kernel_variables": {k: os.environ.get(k) for k in KERNEL_VARIABLES}},
         "results": results,
         "time_per_token_variation": variation,
+        "cost_model": cost_model(results),
         "speedup_hf_over_generate": speedups(results, "hf", "hf-generate"),
         "speedup_vllm_over_hf": speedups(results, "vllm", "hf"),
         "speedup_lean": speedups(results, "hf", "hf-forward"),

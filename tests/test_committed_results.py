@@ -88,3 +88,38 @@ def test_links_to_files_in_the_documentation_resolve():
             if not (doc.parent / target.split("#", 1)[0]).exists():
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def _rollout_throughput_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/rollout_throughput.py"
+    spec = importlib.util.spec_from_file_location("rollout_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rollout_cost_model_recovers_a_known_fixed_cost():
+    script = _rollout_throughput_script()
+    fixed, per_token = 2e-3, 50e-6
+
+    def row(spread, batch, steps, tokens):
+        runs = [{"max_length": steps, "tokens": tokens + k, "seconds": fixed * steps + per_token * (tokens + k)}
+                for k in (0, 7)]
+        return {"engine": "e", "spread": spread, "batch_size": batch, "runs": runs}
+
+    results = [row("a", 32, 60, 900), row("a", 256, 63, 7000), row("b", 32, 64, 1870), row("b", 256, 64, 14900)]
+    m = script.cost_model(results)["e"]
+    assert m["fixed_s_per_step"] == pytest.approx(fixed, rel=1e-4)
+    assert m["s_per_token"] == pytest.approx(per_token, rel=1e-4)
+    # at the allowed fixed cost the extreme cells of spread "a" are exactly 15% apart
+    f = m["fixed_s_per_step_for_1_15"]["a"]
+    spt = [60 / 903.5, 63 / 7003.5]
+    assert (per_token + f * max(spt)) / (per_token + f * min(spt)) == pytest.approx(1.15, rel=1e-3)
+
+
+def test_the_committed_rollout_cost_model_is_computed_from_its_runs():
+    committed = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/rollout_throughput.json")
+                           .read_text())
+    assert committed["cost_model"] == _rollout_throughput_script().cost_model(committed["results"])
