@@ -10,7 +10,7 @@ Engines:
 - ``hf``: :class:`~dppo_core.rollout.HFRollout`'s default compact loop (a finished sequence leaves the
   batch and the KV cache at once), whose decode steps run the lean step (:mod:`dppo_core.lean_decode`).
 - ``hf-forward``: the same loop with ``lean=False``: every decode step is a call of the model's forward
-  (the same samples, bit for bit).
+  (the same samples, bit for bit on CPU in fp32).
 - ``hf-generate``: the same engine with ``decode="generate"`` (transformers ``generate``: every row is
   computed until the batch's longest completion ends). It gives the same samples as ``hf``.
 - ``vllm``: :class:`~dppo_core.vllm_engine.VLLMRollout`, in-process, fp32, eager.
@@ -154,12 +154,13 @@ def cost_model(results: list[dict]) -> dict:
                 statistics.mean(run["max_length"] for run in r["runs"]) / statistics.mean(
                     run["tokens"] for run in r["runs"]))
 
-        # (c + f hi) <= 1.15 (c + f lo)  <=>  f <= 0.15 c / (hi - 1.15 lo), hi and lo the extreme steps per token
-        needed = {s: 0.15 * per_token / (max(v) - 1.15 * min(v)) for s, v in sorted(steps_per_token.items())}
+        # (c + f hi) <= 1.15 (c + f lo)  <=>  f <= 0.15 c / (hi - 1.15 lo), hi and lo the extreme steps per token;
+        # None where hi <= 1.15 lo: any fixed cost keeps the variation within 15%
+        needed = {s: (round(float(0.15 * per_token / (max(v) - 1.15 * min(v))), 6)
+                      if max(v) > 1.15 * min(v) else None) for s, v in sorted(steps_per_token.items())}
         model[engine_name] = {
             "fixed_s_per_step": round(float(fixed), 6), "s_per_token": round(float(per_token), 8),
-            "r2": round(float(r2), 3),
-            "fixed_s_per_step_for_1_15": {s: round(float(v), 6) for s, v in needed.items()},
+            "r2": round(float(r2), 3), "fixed_s_per_step_for_1_15": needed,
         }
     return model
 
@@ -196,7 +197,8 @@ def write_markdown(report: dict, path: Path) -> None:
                   "| engine | f, ms per decode step | c, µs per token | R² | f for at most 15% |",
                   "|---|---|---|---|---|"]
         for engine_name, m in report["cost_model"].items():
-            need = ", ".join(f"{s}: {v * 1e3:.2f} ms" for s, v in m["fixed_s_per_step_for_1_15"].items())
+            need = ", ".join(f"{s}: {v * 1e3:.2f} ms" if v is not None else f"{s}: any"
+                             for s, v in m["fixed_s_per_step_for_1_15"].items())
             lines.append(f"| {engine_name} | {m['fixed_s_per_step'] * 1e3:.2f} | {m['s_per_token'] * 1e6:.1f} | "
                          f"{m['r2']:.3f} | {need} |")
     for key, title in (("speedup_hf_over_generate", "Speed-up of the compact loop over `generate`"),

@@ -12,9 +12,15 @@ forward's bit for bit on CPU in fp32 (tested, with left padding and rows leaving
 samples do not change.
 
 It takes the models it can reproduce exactly and nothing else (:meth:`LeanDecoder.unsupported` says why not):
-decoder-only Llama, Qwen2 and Qwen3 architectures with the default rotary embedding, plain ``nn.Linear``
-projections (no PEFT adapter, no bitsandbytes quantisation) and no sliding window. Everything else keeps the
-model's forward, with the same samples and the old cost.
+decoder-only Llama, Qwen2 and Qwen3 architectures (any rotary embedding: the model's own module computes it)
+with plain ``nn.Linear`` projections (no PEFT adapter, no bitsandbytes quantisation), no sliding window, on one
+device, and with no forward hooks but on the token embedding (the lean step does not call the other modules,
+so their hooks would be skipped). Everything else keeps the model's forward, with the same samples and the old
+cost.
+
+Memory: the buffers hold every row of a chunk for ``prompt width + max_new_tokens`` positions from the start
+(what a ``DynamicCache`` reaches only when its longest sequence ends), and shrink when half of their rows have
+finished.
 
 What it buys is measured in ``benchmarks/results/rollout_throughput.md`` (engines ``hf`` and ``hf-forward``:
 the same loop with and without it). What it cannot remove: each step is still a couple of hundred small
@@ -62,6 +68,7 @@ class LeanDecoder:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0  # filled positions of the buffers (prompt width + tokens decoded so far)
+        self.allocated_rows = 0  # rows of the buffers' memory (the current rows are a leading slice of it)
         self.padding = torch.zeros(0, 0, dtype=torch.bool)  # (rows, capacity): True where a key is a pad
         self.padded = False  # whether any current row has a pad
 
@@ -78,9 +85,16 @@ class LeanDecoder:
             return f"model type {model_type!r} (the lean step knows {', '.join(ARCHITECTURES)})"
         if type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
             return f"{type(model).__name__} is not a plain causal LM of its type (a PEFT or other wrapper)"
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            return f"rope type {rope.get('rope_type')!r} (the lean step computes the default rotary embedding)"
+        if getattr(model, "training", False) and getattr(config, "attention_dropout", 0.0):
+            return "the model is in training mode with attention dropout (the lean step applies none)"
+        devices = set((getattr(model, "hf_device_map", None) or {}).values())
+        if len(devices) > 1:
+            return f"the model is spread over devices {sorted(map(str, devices))}"
+        hooked = [name for name, module in model.named_modules()
+                  if name != "model.embed_tokens" and (getattr(module, "_hf_hook", None) is not None
+                                                       or module._forward_hooks or module._forward_pre_hooks)]
+        if hooked:  # the lean step does not call these modules, so their hooks would be skipped
+            return f"forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''}"
         if getattr(config, "use_sliding_window", False) or any(
                 t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
             return "sliding-window attention layers"
@@ -126,19 +140,24 @@ class LeanDecoder:
                 buf[:, :, :width] = src
                 dst.append(buf)
         self.length = width
+        self.allocated_rows = rows
         self.padding = torch.zeros((rows, capacity), dtype=torch.bool, device=attention_mask.device)
         self.padding[:, :width] = attention_mask == 0
         self.padded = bool(self.padding.any())
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices into the current rows), as ``DynamicCache.batch_select_indices`` does."""
-        # in place: the kept rows move to the front of the same buffers (only their filled positions), so the
-        # buffers' memory is allocated once per chunk
+        # only the filled positions are copied: in place (the kept rows move to the front of the same buffers),
+        # or into smaller buffers once half of the rows have finished, so finished rows give their memory back
         t, m = self.length, len(rows)
+        shrink = 2 * m <= self.allocated_rows
         for buffers in (self.keys, self.values):
             for i, buf in enumerate(buffers):
-                buf[:m, :, :t] = buf[rows, :, :t]
-                buffers[i] = buf[:m]
+                kept = buf.new_empty((m, *buf.shape[1:])) if shrink else buf[:m]
+                kept[:, :, :t] = buf[rows, :, :t]  # the right side is a copy, so overlapping rows are safe
+                buffers[i] = kept
+        if shrink:
+            self.allocated_rows = m
         self.padding = self.padding[rows]
         self.padded = bool(self.padding.any())
 

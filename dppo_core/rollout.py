@@ -437,7 +437,7 @@ class HFRollout:
         lean = self._lean_decoder() if self.lean else None
         if lean is not None:
             lean.start(cache, attention_mask, sampling.max_tokens)
-            del cache
+            del cache, out  # the buffers hold the prompt's keys and values now (out.past_key_values is the cache)
         for _ in range(sampling.max_tokens):
             scores = logits.to(device=device, dtype=torch.float32)  # (running, vocab)
             if not greedy:

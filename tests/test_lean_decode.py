@@ -19,7 +19,10 @@ def _tiny(kind: str, attn: str = "sdpa") -> torch.nn.Module:
                   num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
     config = {"qwen3": lambda: Qwen3Config(**common, head_dim=24),  # a head size other than hidden / heads
               "qwen2": lambda: Qwen2Config(**common),  # q, k and v projections with biases
-              "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True)}[kind]()
+              "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True),
+              # a scaled rotary embedding, which the model's own rotary module computes
+              "llama-linear-rope": lambda: LlamaConfig(**common, rope_parameters={
+                  "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})}[kind]()
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
     with torch.no_grad():  # biases are zero at initialisation: make them count
@@ -29,10 +32,11 @@ def _tiny(kind: str, attn: str = "sdpa") -> torch.nn.Module:
     return model
 
 
-def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = None) -> int:
+def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = None, after_start=None) -> int:
     """Decode ``steps`` tokens with the model's forward (DynamicCache, growing mask) and with the lean step from
     the same left-padded prefill, feeding both the same tokens and dropping the same rows; assert equal logits.
-    Returns how many logit rows were compared."""
+    ``after_start(model)`` runs once the decoder has started and before the first step. Returns how many logit
+    rows were compared."""
     from transformers import DynamicCache
 
     leave = leave or {}
@@ -54,6 +58,8 @@ def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = Non
         lean.start(cache, mask, steps)
         cache_ref = DynamicCache(config=model.config)
         model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache_ref, use_cache=True)
+        if after_start is not None:
+            after_start(model)
         pos = positions[:, -1]
         for step in range(steps):
             if step in leave:
@@ -72,7 +78,7 @@ def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = Non
     return compared
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama-linear-rope"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_lean_step_gives_the_forwards_logits_bit_for_bit(kind, attn):
     # rows 2 and 5 (the shortest prompts, with the most padding) leave after step 2; then every padded row but one
@@ -98,17 +104,32 @@ def test_lean_step_on_the_package_models_attention(warm_small_model_dir):
 
 def test_lean_step_follows_in_place_updates(warm_small_model_dir):
     model, _ = load_model(warm_small_model_dir)
-    with torch.no_grad():  # what an optimizer step does: the same tensors, new values
-        for p in model.parameters():
-            p.mul_(1.01)
-    _decode_both(model)
+    before = LeanDecoder.for_model(model).step
+
+    def update(m):  # what an optimizer step does: the same tensors, new values (after the decoder started)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(1.01)
+
+    _decode_both(model, after_start=update)
+    assert before.__self__.model is model  # the decoder keeps the model, not copies of its weights
 
 
-def test_rollouts_with_and_without_the_lean_step_are_identical(warm_small_model_dir):
+def test_rollouts_with_and_without_the_lean_step_are_identical(warm_small_model_dir, monkeypatch):
     model, tok = load_model(warm_small_model_dir)
     prompts = [p.messages() for p in ArithmeticTask().test_set(2)]
     sampling = SamplingConfig(max_tokens=24, temperature=1.0, seed=11)
+    steps = []
+    step = LeanDecoder.step
+
+    def counted(self, *args):
+        steps.append(len(args[0]))
+        return step(self, *args)
+
+    monkeypatch.setattr(LeanDecoder, "step", counted)
     fast = HFRollout(model, tok, batch_size=12).generate(prompts, 4, sampling)
+    # the lean step did the decoding: one row per generated token after each sequence's first
+    assert sum(steps) == fast.num_generated_tokens - fast.num_completions
     plain = HFRollout(model, tok, batch_size=12, lean=False).generate(prompts, 4, sampling)
     assert len({n for g in fast.lengths() for n in g}) >= 3  # rows left the batch at different steps
     for gf, gp in zip(fast.groups, plain.groups, strict=True):
@@ -128,9 +149,19 @@ def test_unsupported_models_say_why_and_keep_their_forward(warm_small_model_dir,
     assert HFRollout(peft_model, tok)._lean_decoder() is None
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2))
     assert "model type 'gpt2'" in LeanDecoder.unsupported(gpt2)
-    scaled = _tiny("llama")
-    scaled.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
-    assert "rope type 'linear'" in LeanDecoder.unsupported(scaled)
+    hooked = _tiny("llama")
+    handle = hooked.model.layers[1].mlp.register_forward_hook(lambda *a: None)
+    assert "forward hooks on model.layers.1.mlp" in LeanDecoder.unsupported(hooked)
+    handle.remove()
+    hooked.model.embed_tokens.register_forward_pre_hook(lambda *a: None)  # the lean step calls the embedding
+    assert LeanDecoder.unsupported(hooked) is None
+    spread = _tiny("llama")
+    spread.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+    assert "spread over devices" in LeanDecoder.unsupported(spread)
+    dropout = _tiny("qwen3")
+    dropout.config.attention_dropout = 0.1
+    assert LeanDecoder.unsupported(dropout) is None  # in eval mode, as HFRollout runs it
+    assert "attention dropout" in LeanDecoder.unsupported(dropout.train())
     windowed = _tiny("qwen2")
     windowed.config.use_sliding_window = True
     assert "sliding-window" in LeanDecoder.unsupported(windowed)
