@@ -13,6 +13,8 @@ Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real 
                  variable-length kernel (CUDA with flash-attn) and with PyTorch's own (``torch_varlen``, CUDA,
                  :mod:`dppo_core.varlen`). A negative control lets attention cross the
                  sequence boundaries of the same rows and must differ by far more than the packed result.
+    lean decode  the rollout's lean decode step (:mod:`dppo_core.lean_decode`) against the model's forward:
+                 logits over 8 decode steps with left padding and rows leaving.
     qlora        LoRA on a 4-bit NF4 base (bitsandbytes; its CUDA kernels on a GPU): one update step, the
                  adapter moves, the base stays 4-bit, the loss and gradients are finite.
     vllm         an engine colocated with the trainer: the memory it takes (``gpu_memory_utilization``),
@@ -379,6 +381,24 @@ def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
                                   "report this line")
 
 
+def check_lean_decode(model_dir: str | Path, device: torch.device) -> Check:
+    """The rollout's lean decode step gives the model's forward logits (bit for bit on CPU in fp32; on CUDA in
+    bf16 the same operations, so equal unless a kernel rounds the strided key buffers differently)."""
+    from dppo_core.lean_decode import compare_with_forward
+
+    def case(model, tol: Tolerance) -> tuple[bool, str]:
+        model.eval()
+        worst, rows = compare_with_forward(model, steps=8, leave={3: [0, 1, 3, 4], 5: [1, 2, 3]})
+        exact = "bit for bit" if worst == 0 else f"max |Δ logit| {worst:.3g}"
+        # bit for bit in fp32; in bf16 a logit difference within the layouts' tolerance
+        return worst == 0 or (tol is BF16 and worst <= tol.logprob_max), f"{rows} logit rows, {exact}"
+
+    return _layout_check("lean decode step", model_dir, device, "sdpa", case,
+                         crash_fix="run rollouts with HFRollout(..., lean=False) and report this line",
+                         fail_fix="the lean decode step differs from the forward here: run rollouts with "
+                                  "HFRollout(..., lean=False) and report this line")
+
+
 def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
     """One update step of LoRA on a 4-bit NF4 base, through the package's own loader."""
     import importlib.util
@@ -661,6 +681,7 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
     for attention in ("sdpa", "flash_attention_2", "torch_varlen"):
         emit(check_packing(model_dir, device, attention=attention))
     emit(check_shared_prefix(model_dir, device))
+    emit(check_lean_decode(model_dir, device))
     emit(check_qlora(model_dir, device))
     for check in check_vllm(model_dir, device):
         emit(check)

@@ -216,6 +216,56 @@ class LeanDecoder:
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)[:, -1]
 
 
+@torch.no_grad()
+def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int, list[int]] | None = None,
+                         after_start: Any = None, seed: int = 0) -> tuple[float, int]:
+    """Decode ``steps`` random tokens with the model's forward (a ``DynamicCache`` and a growing mask) and with
+    the lean step, from the same left-padded prefill of six prompts of 1-9 tokens, dropping the rows that
+    ``leave[step]`` does not list before that step. ``after_start(model)`` runs once both have their prompt
+    cache, before the first step. Returns the largest ``|lean - forward|`` over the logits and how many logit
+    rows were compared (what ``tests/test_lean_decode.py`` and ``dppo doctor --gpu`` check)."""
+    from transformers import DynamicCache
+
+    leave = leave or {}
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    lengths = [5, 9, 3, 9, 7, 1]
+    width = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width), generator=gen)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):  # left padding
+        mask[i, width - n:] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    lean = LeanDecoder.for_model(model)
+    if lean is None:
+        raise ValueError(f"the lean step does not take this model: {LeanDecoder.unsupported(model)}")
+    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    for cache in caches:
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    lean.start(caches[0], mask, steps)
+    reference = caches[1]
+    if after_start is not None:
+        after_start(model)
+    pos, worst, compared = positions[:, -1], 0.0, 0
+    for step in range(steps):
+        if step in leave:
+            keep = torch.tensor(leave[step], device=device)
+            reference.batch_select_indices(keep)
+            lean.keep(keep)
+            mask, pos = mask[keep], pos[keep]
+        tok = torch.randint(1, vocab, (len(pos),), generator=gen).to(device)
+        pos = pos + 1
+        mask = torch.cat([mask, mask.new_ones((len(pos), 1))], dim=-1)
+        ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+                    past_key_values=reference, use_cache=True, logits_to_keep=1).logits[:, -1]
+        got = lean.step(tok, pos)
+        worst = max(worst, (got.float() - ref.float()).abs().max().item())
+        compared += len(pos)
+    return worst, compared
+
+
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """What Llama/Qwen RMSNorm's forward computes (in float32, cast back before the weight)."""
     dtype = x.dtype

@@ -38,7 +38,7 @@ def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
     assert "Traceback" not in out
     status = {m.group(2): m.group(1) for m in map(LINE.match, out.splitlines()) if m}
     # one line per check, OK or (CUDA only) SKIP; nothing else
-    expected_ok = ["model", "packing (mask, sdpa)", "shared prefix (segment attention)", "qlora",
+    expected_ok = ["model", "packing (mask, sdpa)", "shared prefix (segment attention)", "lean decode step", "qlora",
                    *(f"step {m}" for m in STEP_METHODS)]
     expected_skip = ["cuda", "packing (varlen, flash_attention_2)", "packing (varlen, torch_varlen)"]
     try:
@@ -62,6 +62,17 @@ def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):
     assert c.status == "OK", c
     ratio = float(re.search(r"\(([0-9.e+]+)x\)", c.detail).group(1))
     assert ratio >= FP32.control_ratio
+
+
+def test_lean_decode_check_passes_and_fails_on_a_wrong_step(shaped_dir, monkeypatch):
+    from dppo_core.lean_decode import LeanDecoder
+
+    c = gpu_check.check_lean_decode(shaped_dir, torch.device("cpu"))
+    assert c.status == "OK" and "bit for bit" in c.detail, c
+    step = LeanDecoder.step
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, ids, pos: step(self, ids, pos) * (1 + 1e-6))
+    c = gpu_check.check_lean_decode(shaped_dir, torch.device("cpu"))
+    assert c.status == "FAIL" and "max |Δ logit|" in c.detail and "lean=False" in c.fix, c
 
 
 def test_shared_prefix_check_passes_and_fails_when_completions_see_each_other(shaped_dir, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dppo_core.lean_decode import LeanDecoder
+from dppo_core.lean_decode import LeanDecoder, compare_with_forward
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.tasks import ArithmeticTask
@@ -33,48 +33,9 @@ def _tiny(kind: str, attn: str = "sdpa") -> torch.nn.Module:
 
 
 def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = None, after_start=None) -> int:
-    """Decode ``steps`` tokens with the model's forward (DynamicCache, growing mask) and with the lean step from
-    the same left-padded prefill, feeding both the same tokens and dropping the same rows; assert equal logits.
-    ``after_start(model)`` runs once the decoder has started and before the first step. Returns how many logit
-    rows were compared."""
-    from transformers import DynamicCache
-
-    leave = leave or {}
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    lengths = [5, 9, 3, 9, 7, 1]
-    width = max(lengths)
-    ids = torch.randint(1, vocab, (len(lengths), width), generator=gen)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):  # left padding
-        mask[i, width - n:] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    compared = 0
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-        lean = LeanDecoder.for_model(model)
-        assert lean is not None, LeanDecoder.unsupported(model)
-        lean.start(cache, mask, steps)
-        cache_ref = DynamicCache(config=model.config)
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache_ref, use_cache=True)
-        if after_start is not None:
-            after_start(model)
-        pos = positions[:, -1]
-        for step in range(steps):
-            if step in leave:
-                keep = torch.tensor(leave[step])
-                cache_ref.batch_select_indices(keep)
-                lean.keep(keep)
-                mask, pos = mask[keep], pos[keep]
-            tok = torch.randint(1, vocab, (len(pos),), generator=gen)
-            pos = pos + 1
-            mask = torch.cat([mask, mask.new_ones((len(pos), 1))], dim=-1)
-            ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
-                        past_key_values=cache_ref, use_cache=True, logits_to_keep=1).logits[:, -1]
-            got = lean.step(tok, pos)
-            assert torch.equal(got, ref), (step, (got - ref).abs().max().item())
-            compared += len(pos)
+    """:func:`compare_with_forward`, asserting the logits are equal bit for bit; returns the rows compared."""
+    worst, compared = compare_with_forward(model, steps, leave, after_start)
+    assert worst == 0.0, worst
     return compared
 
 
