@@ -1,6 +1,6 @@
 """Rollout throughput on CPU: the three engines across batch sizes and completion-length spreads.
 
-Made with (from the repository root; about 16 minutes on 2 otherwise idle CPU cores):
+Made with (from the repository root; about 10-16 minutes on 2 otherwise idle CPU cores):
 
     DPPO_CACHE_DIR=.cache/dppo VLLM_LOGGING_LEVEL=WARNING \\
         .venv/bin/python benchmarks/rollout_throughput.py --output benchmarks/results/rollout_throughput.json

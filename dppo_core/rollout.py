@@ -293,7 +293,7 @@ class HFRollout:
     The compact loop's decode steps run :class:`~dppo_core.lean_decode.LeanDecoder` where it supports the model
     (plain Llama, Qwen2 and Qwen3 models: the tiny model, full fine-tuning): the same operations as the
     model's forward without transformers' per-call machinery (mask building, cache concatenation, module
-    calls), bit for bit the forward's logits on CPU in fp32 (tested); on the bench's prompts 1.08-1.38x the
+    calls), bit for bit the forward's logits on CPU in fp32 (tested); on the bench's prompts 1.13-1.32x the
     tokens per second of the same loop calling the forward (``benchmarks/results/rollout_throughput.md``).
     Other models (PEFT adapters, quantised or other architectures) are decoded by their own forward, with the
     same samples.
