@@ -13,10 +13,10 @@ samples do not change.
 
 It takes the models it can reproduce exactly and nothing else (:meth:`LeanDecoder.unsupported` says why not):
 decoder-only Llama, Qwen2 and Qwen3 architectures (any rotary embedding: the model's own module computes it)
-with plain ``nn.Linear`` projections (no PEFT adapter, no bitsandbytes quantisation), no sliding window, on one
-device, and with no forward hooks but on the token embedding (the lean step does not call the other modules,
-so their hooks would be skipped). Everything else keeps the model's forward, with the same samples and the old
-cost.
+whose projections are ``nn.Linear`` or PEFT LoRA layers over one (no DoRA or other variant, no bitsandbytes
+quantisation), with no sliding window, on one device, and with no forward hooks but on the token embedding
+(the lean step does not call the other modules, so their hooks would be skipped). Everything else keeps the
+model's forward, with the same samples and the old cost.
 
 Memory: the buffers hold every row of a chunk for ``prompt width + max_new_tokens`` positions from the start
 (what a ``DynamicCache`` reaches only when its longest sequence ends), and shrink when half of their rows have
@@ -54,6 +54,7 @@ class LeanDecoder:
     """
 
     def __init__(self, model: torch.nn.Module):
+        model = _unwrapped(model)
         self.model = model
         inner = model.model
         self.config = model.config
@@ -79,12 +80,13 @@ class LeanDecoder:
         import transformers.models.qwen2.modeling_qwen2 as qwen2
         import transformers.models.qwen3.modeling_qwen3 as qwen3
 
+        model = _unwrapped(model)
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in ARCHITECTURES:
             return f"model type {model_type!r} (the lean step knows {', '.join(ARCHITECTURES)})"
         if type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-            return f"{type(model).__name__} is not a plain causal LM of its type (a PEFT or other wrapper)"
+            return f"{type(model).__name__} is not a plain causal LM of its type (a wrapper other than PEFT's)"
         if getattr(model, "training", False) and getattr(config, "attention_dropout", 0.0):
             return "the model is in training mode with attention dropout (the lean step applies none)"
         devices = set((getattr(model, "hf_device_map", None) or {}).values())
@@ -109,9 +111,9 @@ class LeanDecoder:
                 return f"layer {i} is a {type(layer).__name__}"
             attn, mlp = layer.self_attn, layer.mlp
             linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-            if any(type(x) is not torch.nn.Linear for x in linears):
-                kinds = sorted({type(x).__name__ for x in linears if type(x) is not torch.nn.Linear})
-                return f"projections of type {', '.join(kinds)} (PEFT adapters or quantised layers)"
+            for x in linears:
+                if (why := _projection_unsupported(x)) is not None:
+                    return why
             if type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
                 return f"MLP activation {type(mlp.act_fn).__name__}"
             if any(type(n) not in norms for n in (layer.input_layernorm, layer.post_attention_layernorm)):
@@ -193,9 +195,9 @@ class LeanDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             residual = hidden
             h = _rms_norm(hidden, layer.input_layernorm)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(shape)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(shape)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(shape)
+            q = _project(attn.q_proj, h).view(shape)
+            k = _project(attn.k_proj, h).view(shape)
+            v = _project(attn.v_proj, h).view(shape)
             if self.qk_norm:
                 q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, 1, head_dim)
@@ -205,12 +207,12 @@ class LeanDecoder:
             self.values[i][:, :, t : t + 1] = v
             out, _ = attention(attn, q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], mask,
                                dropout=0.0, scaling=attn.scaling, sliding_window=None)
-            hidden = residual + F.linear(out.reshape(rows, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
+            hidden = residual + _project(attn.o_proj, out.reshape(rows, 1, -1))
             residual = hidden
             h = _rms_norm(hidden, layer.post_attention_layernorm)
-            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            hidden = residual + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = _project(mlp.gate_proj, h)
+            up = _project(mlp.up_proj, h)
+            hidden = residual + _project(mlp.down_proj, F.silu(gate) * up)
         self.length = t + 1
         hidden = _rms_norm(hidden, self.norm)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)[:, -1]
@@ -264,6 +266,61 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
         worst = max(worst, (got.float() - ref.float()).abs().max().item())
         compared += len(pos)
     return worst, compared
+
+
+def _unwrapped(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper, or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) and type(model).__module__.startswith("peft.") else model
+
+
+def _lora_linear_type() -> type | None:
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:
+        return None
+    return Linear
+
+
+def _projection_unsupported(layer: torch.nn.Module) -> str | None:
+    """Why :func:`_project` cannot compute ``layer``'s forward exactly, or ``None``."""
+    if type(layer) is torch.nn.Linear:
+        return None
+    if type(layer) is not _lora_linear_type():
+        return f"a projection of type {type(layer).__name__} (quantised or another adapter)"
+    if type(layer.base_layer) is not torch.nn.Linear:
+        return f"a LoRA layer over a {type(layer.base_layer).__name__} (a quantised base)"
+    if layer.disable_adapters:
+        return "LoRA adapters disabled"
+    for name in layer.active_adapters:
+        if name in getattr(layer, "lora_variant", {}):
+            return f"the LoRA variant {type(layer.lora_variant[name]).__name__} (DoRA or another)"
+        if name in layer.lora_A and layer.training and type(layer.lora_dropout[name]) is not torch.nn.Identity:
+            return "LoRA dropout in training mode"
+        if name in layer.lora_A and (type(layer.lora_A[name]) is not torch.nn.Linear
+                                     or type(layer.lora_B[name]) is not torch.nn.Linear):
+            return "LoRA factors that are not linear layers"
+    return None
+
+
+def _project(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for an ``nn.Linear`` or a PEFT LoRA ``Linear``, op for op what their forwards compute
+    (PEFT's: ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` per active adapter, dropout the identity at
+    inference, the result cast back to the base's dtype)."""
+    if type(layer) is torch.nn.Linear:
+        return F.linear(x, layer.weight, layer.bias)
+    base = layer.base_layer
+    result = F.linear(x, base.weight, base.bias)
+    if layer.merged:
+        return result
+    dtype = result.dtype
+    for name in layer.active_adapters:
+        if name not in layer.lora_A:
+            continue
+        a, b = layer.lora_A[name], layer.lora_B[name]
+        x = layer._cast_input_dtype(x, a.weight.dtype)
+        result = result + F.linear(F.linear(x, a.weight, a.bias), b.weight, b.bias) * layer.scaling[name]
+    return result.to(dtype)
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:

@@ -291,12 +291,13 @@ class HFRollout:
       layers) cannot drop rows: their chunks are decoded by ``generate``, with one warning.
 
     The compact loop's decode steps run :class:`~dppo_core.lean_decode.LeanDecoder` where it supports the model
-    (plain Llama, Qwen2 and Qwen3 models: the tiny model, full fine-tuning): the same operations as the
+    (Llama, Qwen2 and Qwen3 models, plain or with PEFT LoRA adapters: the tiny model, full fine-tuning and
+    LoRA): the same operations as the
     model's forward without transformers' per-call machinery (mask building, cache concatenation, module
     calls), bit for bit the forward's logits on CPU in fp32 (tested); on the bench's prompts 1.13-1.32x the
     tokens per second of the same loop calling the forward (``benchmarks/results/rollout_throughput.md``).
-    Other models (PEFT adapters, quantised or other architectures) are decoded by their own forward, with the
-    same samples.
+    Other models (quantised, DoRA or other architectures; ``LeanDecoder.unsupported`` says why) are decoded by
+    their own forward, with the same samples.
 
     Costs it does not remove: every step still draws noise of the chunk's full ``(rows, vocab)`` shape
     (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step; on

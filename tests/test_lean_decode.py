@@ -63,6 +63,25 @@ def test_lean_step_on_the_package_models_attention(warm_small_model_dir):
         _decode_both(model, leave={3: [1, 3]})
 
 
+def test_lean_step_on_a_lora_model(warm_small_model_dir):
+    # PEFT LoRA layers (two adapters, one of them active; dropout, as at inference; a bias on lora_B) computed
+    # op for op as PEFT's forward does
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = load_model(warm_small_model_dir)
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, init_lora_weights=False, lora_bias=True,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    peft_model = get_peft_model(model, config).eval()
+    peft_model.add_adapter("other", LoraConfig(r=2, init_lora_weights=False, target_modules=["q_proj"]))
+    _decode_both(peft_model, leave={2: [0, 2, 3, 4], 4: [2, 3]})
+    peft_model.set_adapter("other")  # a different active adapter: the logits change and still agree
+    _decode_both(peft_model, leave={1: [1, 3]})
+    merged = get_peft_model(load_model(warm_small_model_dir)[0], LoraConfig(
+        r=4, init_lora_weights=False, target_modules=["q_proj", "down_proj"])).eval()
+    merged.merge_adapter()  # merged into the base weights: the LoRA path is skipped, as PEFT skips it
+    _decode_both(merged)
+
+
 def test_lean_step_follows_in_place_updates(warm_small_model_dir):
     model, _ = load_model(warm_small_model_dir)
     before = LeanDecoder.for_model(model).step
@@ -104,10 +123,15 @@ def test_unsupported_models_say_why_and_keep_their_forward(warm_small_model_dir,
 
     model, tok = load_model(warm_small_model_dir)
     assert LeanDecoder.unsupported(model) is None
-    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
-    assert "PEFT" in LeanDecoder.unsupported(peft_model)
-    assert "PEFT" in LeanDecoder.unsupported(peft_model.get_base_model())  # the LoRA layers inside it
-    assert HFRollout(peft_model, tok)._lean_decoder() is None
+    dora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    assert "LoRA variant" in LeanDecoder.unsupported(dora)
+    assert HFRollout(dora, tok)._lean_decoder() is None
+    with dora.disable_adapter():
+        assert "disabled" in LeanDecoder.unsupported(dora)
+    dropout = get_peft_model(load_model(warm_small_model_dir)[0], LoraConfig(r=2, target_modules=["v_proj"],
+                                                                            lora_dropout=0.1))
+    assert "LoRA dropout in training mode" in LeanDecoder.unsupported(dropout.train())
+    assert LeanDecoder.unsupported(dropout.eval()) is None
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2))
     assert "model type 'gpt2'" in LeanDecoder.unsupported(gpt2)
     hooked = _tiny("llama")
