@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dppo_core.rollout import _base_model
+
 #: model types whose decoder layer is: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k
 #: in Qwen3 only, rotary embedding, softmax attention, o projection) -> residual -> RMSNorm -> SiLU-gated MLP
 #: -> residual, with the names transformers gives them
@@ -54,7 +56,7 @@ class LeanDecoder:
     """
 
     def __init__(self, model: torch.nn.Module):
-        model = _unwrapped(model)
+        model = _base_model(model)
         self.model = model
         inner = model.model
         self.config = model.config
@@ -66,6 +68,16 @@ class LeanDecoder:
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.qk_norm = hasattr(attn, "q_norm")
+        # the attention function the layers call (resolved once, not per step)
+        self.eager = self.config._attn_implementation == "eager"
+        if self.eager:  # the modelling file's own function
+            import importlib
+
+            self.attention = importlib.import_module(type(self.layers[0]).__module__).eager_attention_forward
+        else:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0  # filled positions of the buffers (prompt width + tokens decoded so far)
@@ -80,7 +92,7 @@ class LeanDecoder:
         import transformers.models.qwen2.modeling_qwen2 as qwen2
         import transformers.models.qwen3.modeling_qwen3 as qwen3
 
-        model = _unwrapped(model)
+        model = _base_model(model)
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in ARCHITECTURES:
@@ -169,8 +181,6 @@ class LeanDecoder:
         The same operations as the model's forward for one new token with a ``DynamicCache`` (the attention
         mask is the one transformers builds: none where no running row has padding, else a boolean mask).
         """
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
         t = self.length
         if t >= self.keys[0].shape[2]:
             raise RuntimeError(f"the decode buffers hold {t} positions and are full; start() with a larger "
@@ -182,14 +192,11 @@ class LeanDecoder:
         # the mask transformers builds for one query token: for sdpa none when no row has padding, else the
         # allowed keys; for eager an additive float mask (min where masked), always
         allowed = None if not self.padded else ~self.padding[:, None, None, : t + 1]
-        if self.config._attn_implementation == "eager":
-            attention = _eager_attention(self.layers[0])
+        mask = allowed
+        if self.eager:
             mask = torch.zeros((rows, 1, 1, t + 1), dtype=hidden.dtype, device=hidden.device)
             if allowed is not None:
                 mask.masked_fill_(~allowed, torch.finfo(hidden.dtype).min)
-        else:
-            attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
-            mask = allowed
         shape = (rows, 1, -1, self.head_dim)
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -205,7 +212,7 @@ class LeanDecoder:
             k = k * cos + _rotate_half(k) * sin
             self.keys[i][:, :, t : t + 1] = k
             self.values[i][:, :, t : t + 1] = v
-            out, _ = attention(attn, q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], mask,
+            out, _ = self.attention(attn, q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1], mask,
                                dropout=0.0, scaling=attn.scaling, sliding_window=None)
             hidden = residual + _project(attn.o_proj, out.reshape(rows, 1, -1))
             residual = hidden
@@ -268,12 +275,6 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
     return worst, compared
 
 
-def _unwrapped(model: Any) -> Any:
-    """The transformers model under a PEFT wrapper, or ``model`` itself."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) and type(model).__module__.startswith("peft.") else model
-
-
 def _lora_linear_type() -> type | None:
     try:
         from peft.tuners.lora.layer import Linear
@@ -334,10 +335,3 @@ def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _eager_attention(layer: torch.nn.Module):
-    """The modelling file's ``eager_attention_forward`` for ``layer``'s architecture."""
-    import importlib
-
-    return importlib.import_module(type(layer).__module__).eager_attention_forward

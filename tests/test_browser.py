@@ -402,6 +402,21 @@ def _page_state(page) -> str:
         return f"(page state unavailable: {e})"
 
 
+def _fail(error: Exception, page, tmp_path: Path, shot_name: str, step: str, t0: float, chapter: Path,
+          kept: list[int], console: list[str], lab: Lab) -> None:
+    """Fail the test with what the page, the browser console and the server showed when ``step`` failed."""
+    shots = []
+    try:
+        shots = _save_screenshot(page, tmp_path, shot_name)
+    except Exception as shot_error:
+        console.append(f"(failure screenshot not taken: {shot_error})")
+    errors = "\n".join(console[-15:]) or "none"
+    pytest.fail(f"browser test failed while {step} after {time.monotonic() - t0:.0f} s "
+                f"(chapter {chapter.name}, code cells {kept}): {error}\n{_page_state(page)}\n"
+                f"browser console errors:\n{errors}\nscreenshot: {[str(p) for p in shots]}\n"
+                f"server log:\n{lab.log_tail(15)}", pytrace=False)
+
+
 def _launch(pw, chromium: str, tmp_path: Path, console: list[str]):
     """Headless Chromium with its own profile; JavaScript errors and page errors are collected in ``console``."""
     context = pw.chromium.launch_persistent_context(
@@ -484,16 +499,7 @@ def test_chapter_widget_renders_and_responds_in_chromium(chromium, jupyter_lab, 
             page.locator(".widget-interact").evaluate("e => e.scrollIntoView({block: 'end'})")
             shots = _save_screenshot(page, tmp_path, "chapter-widget.png")
         except (PlaywrightError, AssertionError) as e:
-            shots = []
-            try:
-                shots = _save_screenshot(page, tmp_path, "chapter-widget-FAILED.png")
-            except Exception as shot_error:
-                console.append(f"(failure screenshot not taken: {shot_error})")
-            errors = "\n".join(console[-15:]) or "none"
-            pytest.fail(f"browser test failed while {step} after {time.monotonic() - t0:.0f} s "
-                        f"(chapter {CHAPTER.name}, code cells {kept}): {e}\n{_page_state(page)}\n"
-                        f"browser console errors:\n{errors}\nscreenshot: {[str(p) for p in shots]}\n"
-                        f"server log:\n{lab.log_tail(15)}", pytrace=False)
+            _fail(e, page, tmp_path, "chapter-widget-FAILED.png", step, t0, CHAPTER, kept, console, lab)
         finally:
             context.close()
 
@@ -566,16 +572,7 @@ def test_estimation_chapter_horvitz_thompson_cell_runs_in_chromium(chromium, jup
             assert mean == total and var == formula, shown
             shots = _save_screenshot(page, tmp_path, "chapter-03b-horvitz-thompson.png")
         except (PlaywrightError, AssertionError) as e:
-            shots = []
-            try:
-                shots = _save_screenshot(page, tmp_path, "chapter-03b-FAILED.png")
-            except Exception as shot_error:
-                console.append(f"(failure screenshot not taken: {shot_error})")
-            errors = "\n".join(console[-15:]) or "none"
-            pytest.fail(f"browser test failed while {step} after {time.monotonic() - t0:.0f} s "
-                        f"(chapter {ESTIMATION_CHAPTER.name}, code cells {kept}): {e}\n{_page_state(page)}\n"
-                        f"browser console errors:\n{errors}\nscreenshot: {[str(p) for p in shots]}\n"
-                        f"server log:\n{lab.log_tail(15)}", pytrace=False)
+            _fail(e, page, tmp_path, "chapter-03b-FAILED.png", step, t0, ESTIMATION_CHAPTER, kept, console, lab)
         finally:
             context.close()
     print(f"browser test: chapter {ESTIMATION_CHAPTER.name} (code cells {kept}) in {time.monotonic() - t0:.0f} s; "
