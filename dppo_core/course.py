@@ -31,12 +31,13 @@ from pathlib import Path
 __all__ = ["CPU_KERNEL_PINS", "Verdict", "check", "load_solutions", "pin_cpu_kernels"]
 
 # The Makefile's pins (tests/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
-# AVX2, so that sums run in one order on every x86-64 CPU with AVX2, with or without AVX-512.
+# AVX2, so that a chapter runs with the kernels `make test` runs it with. Pins narrow the differences between CPUs
+# without removing them; the outputs the tests compare do not depend on them.
 CPU_KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """Pin the CPU kernels as ``make`` does, so a notebook opened with plain ``jupyter lab`` gives its stored outputs.
+    """Pin the CPU kernels as ``make`` does: a notebook opened with plain ``jupyter lab`` runs as ``make test`` runs it.
 
     Each chapter calls it in its first code cell, before anything imports torch: the pins are read when the
     libraries load. Only on a CPU with AVX2 (read from ``cpuinfo``; elsewhere, ARM or macOS, nothing is set); a
@@ -58,7 +59,7 @@ def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
     if unset and "torch" in sys.modules:
         # too late for what has already loaded (MKL and oneDNN read theirs once; PyTorch at its first kernel)
         print(f"torch was imported before the kernel pins were set ({', '.join(unset)}): restart the kernel and "
-              "run from the top to get this notebook's stored outputs")
+              "run from the top to run it with the kernels `make test` uses")
     return {key: os.environ[key] for key in CPU_KERNEL_PINS}
 
 

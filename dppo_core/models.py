@@ -13,10 +13,14 @@ The default warm start ships with the package (:data:`SHIPPED_WARM_START`, about
 with the default configuration copies it into the cache instead of training, so every machine (a laptop, a
 Colab session, CI) starts from the same weights in seconds (what it then computes can still differ in the last
 bits on another CPU's kernels). It was built by
-``warm_start(force=True)`` on 2 CPU cores with the AVX2 kernels pinned (the Makefile's
-``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``); ``tests/test_models.py`` rebuilds it
-from scratch and checks that the weights are the same, bit for bit, under those pins (elsewhere it reports by how
-much they differ). ``force=True`` (``dppo build --from-scratch``) always builds.
+``warm_start(force=True)`` on 2 CPU cores of an AMD CPU with the AVX2 kernels pinned (the Makefile's
+``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``); its ``warm_start_log.json`` records that
+:func:`kernel_fingerprint`. Its 600 AdamW steps are chaotic in the last bits: rebuilt on another CPU, even under
+the same pins, the weights differ (by up to 0.2 on an Intel CPU with AVX-512) and the model is another one (greedy
+accuracy 0.51 against the shipped model's 0.70 there): which is why the weights ship.
+``tests/test_models.py`` rebuilds it from scratch and checks its accuracy per level against the shipped model's,
+and its weights bit for bit only where the fingerprint matches the recorded one. ``force=True``
+(``dppo build --from-scratch``) always builds.
 
 Departures from a "real" small LLM, and why:
 1. Digits are split into single tokens before BPE (as Qwen and Llama 3 tokenizers do), which makes
@@ -65,6 +69,41 @@ CHAT_TEMPLATE = (
 SHIPPED_WARM_START = Path(__file__).parent / "assets" / "warm-start"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "chat_template.jinja", "warm_start_log.json")
+
+
+#: The environment variables that choose the CPU's floating-point kernels (the Makefile sets them).
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
+def _cpu_vendor() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.machine() or "unknown"
+
+
+def kernel_fingerprint() -> dict[str, str]:
+    """What decides the bits of a float computation on this CPU: the CPU's vendor (``AuthenticAMD``,
+    ``GenuineIntel``; the machine type where there is no /proc/cpuinfo), PyTorch's version, the vector kernels
+    PyTorch runs (``torch.backends.cpu.get_cpu_capability()``), its thread count (a long sum is split by threads)
+    and the settings in :data:`KERNEL_SETTINGS`.
+
+    A chaotic computation (hundreds of optimizer steps) reproduces bit for bit only between equal fingerprints;
+    that is what a recording of one is stored with, and :func:`fingerprint_mismatch` compares."""
+    return {"cpu_vendor": _cpu_vendor(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": str(torch.get_num_threads()),
+            **{k: os.environ.get(k, "") for k in KERNEL_SETTINGS}}
+
+
+def fingerprint_mismatch(recorded: dict[str, str], current: dict[str, str] | None = None) -> str | None:
+    """``None`` where every key of ``recorded`` has its recorded value in ``current`` (default: this machine's
+    :func:`kernel_fingerprint`); otherwise the differences, as ``key: recorded -> here``."""
+    current = kernel_fingerprint() if current is None else current
+    diffs = [f"{k}: {v!r} -> {current.get(k, '')!r}" for k, v in recorded.items() if current.get(k, "") != v]
+    return "; ".join(diffs) or None
 
 
 def warm_start_name(config: WarmStartConfig | None = None, model_config: TinyModelConfig | None = None) -> str:
@@ -490,7 +529,7 @@ def warm_start(
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         meta = {"kind": "warm_start", "base": base.name, "seconds": round(time.perf_counter() - start, 1),
-                "config": asdict(config), "loss": history}
+                "config": asdict(config), "kernels": kernel_fingerprint(), "loss": history}
         (tmp / "warm_start_log.json").write_text(json.dumps(meta))
 
     return _atomic_dir(target, write)

@@ -77,3 +77,11 @@ def warm_small_model_dir(cache_dir) -> Path:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every chapter's cells compare stored outputs (nbval): they count as `numerics`, so `make test` runs them
+    under its second kernel setting too."""
+    for item in items:
+        if str(item.path).endswith(".ipynb"):
+            item.add_marker(pytest.mark.numerics)

@@ -20,8 +20,9 @@ from dppo_core.distributed import DistInfo, all_gather_objects, all_reduce_gradi
 from dppo_core.models import load_model
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
-                                reason="this torch build has no torch.distributed")
+pytestmark = [pytest.mark.numerics,
+              pytest.mark.skipif(not torch.distributed.is_available(),
+                                 reason="this torch build has no torch.distributed")]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -20,6 +20,8 @@ from dppo_core.estimator import (
 )
 from dppo_core.pruning import PromptHistory
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 
 def test_registry_holds_every_pruning_mode():
     assert set(ESTIMATORS) == set(PRUNING_MODES)

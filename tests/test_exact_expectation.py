@@ -38,6 +38,8 @@ from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
 from dppo_core.trainer import DPPOTrainer, micro_batch_loss
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 G = 3
 STEP = 7
 TOL = 1e-9

@@ -18,6 +18,8 @@ import torch
 
 from dppo_core.estimator import DPPOEstimator, Estimator, Selection, Weighting
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 ROWS = [{"id": f"q{i}", "prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(8)]
 G = 4
 

@@ -10,6 +10,8 @@ from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.tasks import ArithmeticTask
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 
 def _tiny(kind: str, attn: str = "sdpa") -> torch.nn.Module:
     """A random two-layer model of ``kind``, with grouped-query heads and (where the architecture has them) biases."""

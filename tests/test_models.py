@@ -15,6 +15,7 @@ from dppo_core.models import (
     count_parameters,
     encode_example,
     encode_prompt,
+    load_model,
     pack_examples,
     packed_lm_loss,
     warm_start,
@@ -132,12 +133,32 @@ def test_short_warm_start_lowers_the_loss_and_is_cached(tmp_path):
     assert torch.isfinite(packed_lm_loss(model, batch))
 
 
+def test_a_warm_start_is_the_same_bit_for_bit_when_built_twice_on_one_machine(tmp_path):
+    """Chaotic across CPUs (below), but reproducible on one: two builds here give the same weights."""
+    from safetensors.torch import load_file
+
+    small = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    cfg = WarmStartConfig(steps=20, batch_size=16, warmup_steps=5)
+    first = load_file(warm_start(cfg, small, tmp_path / "a", progress=False) / "model.safetensors")
+    second = load_file(warm_start(cfg, small, tmp_path / "b", progress=False) / "model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
 # --------------------------------------------------------------------------------------------------
 # The warm start shipped with the package
 # --------------------------------------------------------------------------------------------------
 
-#: the Makefile's kernel pins under which the shipped warm start was built
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: A rebuilt warm start against the shipped one, on a CPU whose kernels differ from the recording one's. Measured
+#: on an Intel CPU with AVX-512, rebuilt / shipped, under the Makefile's pins and unpinned: 50-step loss means within
+#: 5% and 7% through step 450, then up to 1.25x and 1.20x; the last 100 steps' 1.21x and 1.16x; greedy accuracy
+#: per level (200 problems, 21 on level 1) 0.86 and 0.95 / 0.86, 0.68 and 0.85 / 0.97, 0.54 and 0.59 / 0.77,
+#: 0.29 and 0.35 / 0.40, 0.21 and 0.36 / 0.52; means 0.51 and 0.62 / 0.70. Not within the standard errors: a
+#: different model. The bounds below leave room for other CPUs and still fail a warm start that did not learn.
+REBUILD_TRACKED_STEPS = 400
+REBUILD_LOSS_TRACKS = 0.15
+REBUILD_FINAL_LOSS_RATIO = 1.6
+REBUILD_ACCURACY_RATIO = 0.5
 
 
 def test_the_default_warm_start_is_the_shipped_copy(tmp_path):
@@ -158,28 +179,69 @@ def test_the_default_warm_start_is_the_shipped_copy(tmp_path):
     assert warm_start_name(WarmStartConfig(steps=10)) != path.name == warm_start_name()
 
 
-@pytest.mark.slow
-def test_building_from_scratch_reproduces_the_shipped_warm_start(tmp_path):
-    """The shipped weights are what `warm_start(force=True)` trains (a few minutes on 2 CPU cores): bit for
-    bit under the Makefile's kernel pins; elsewhere the kernels round differently and the test says by how much."""
-    import os
+@pytest.fixture(scope="module")
+def rebuilt_warm_start(tmp_path_factory):
+    """`warm_start(force=True)`: the shipped configuration trained here from scratch (a few minutes on 2 CPU
+    cores), once for the two tests below."""
+    return warm_start(cache_dir=tmp_path_factory.mktemp("rebuilt"), force=True, progress=False)
 
+
+def _greedy_accuracy(path, n_per_level):
+    from dppo_core.evaluate import evaluate_task
+    from dppo_core.rollout import HFRollout
+
+    model, tokenizer = load_model(path)
+    return evaluate_task(HFRollout(model, tokenizer), n_per_level=n_per_level).levels
+
+
+@pytest.mark.slow
+def test_building_from_scratch_gives_a_model_that_learned_as_the_shipped_one(rebuilt_warm_start):
+    """On any CPU. The warm start's 600 AdamW steps are chaotic in the last bits: another CPU's kernels round
+    differently, Adam turns that into different weights from step 10 on, and the end of the run is a different
+    model (measured: see REBUILD_*). What holds everywhere: the same tokenizer; a loss curve that tracks the
+    shipped one through the first REBUILD_TRACKED_STEPS steps and ends near it; a model that answers the task
+    (greedy accuracy, the mean over levels, at least REBUILD_ACCURACY_RATIO of the shipped model's)."""
+    from dppo_core.models import SHIPPED_WARM_START, kernel_fingerprint
+
+    log = json.loads((rebuilt_warm_start / "warm_start_log.json").read_text())
+    assert "source" not in log and log["kernels"] == kernel_fingerprint()  # trained here, and says where
+    assert (rebuilt_warm_start / "tokenizer.json").read_text() == (SHIPPED_WARM_START / "tokenizer.json").read_text()
+    ours, shipped = log["loss"], json.loads((SHIPPED_WARM_START / "warm_start_log.json").read_text())["loss"]
+    assert len(ours) == len(shipped) == 600
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    for start in range(0, REBUILD_TRACKED_STEPS, 50):
+        ratio = mean(ours[start:start + 50]) / mean(shipped[start:start + 50])
+        assert abs(ratio - 1) <= REBUILD_LOSS_TRACKS, f"steps {start}-{start + 49}: loss {ratio:.3f}x the shipped run's"
+    final = mean(ours[-100:]) / mean(shipped[-100:])
+    assert 1 / REBUILD_FINAL_LOSS_RATIO <= final <= REBUILD_FINAL_LOSS_RATIO, f"last 100 steps: loss {final:.3f}x"
+    a, b = _greedy_accuracy(rebuilt_warm_start, 200), _greedy_accuracy(SHIPPED_WARM_START, 200)
+    ours_mean, shipped_mean = mean([r.accuracy for r in a.values()]), mean([r.accuracy for r in b.values()])
+    per_level = ", ".join(f"L{lvl} {a[lvl].accuracy:.3f}/{b[lvl].accuracy:.3f}" for lvl in a)
+    assert ours_mean >= REBUILD_ACCURACY_RATIO * shipped_mean, f"greedy accuracy rebuilt/shipped: {per_level}"
+
+
+@pytest.mark.slow
+def test_building_from_scratch_reproduces_the_shipped_weights_on_the_recording_cpu(rebuilt_warm_start):
+    """Bit for bit, only where the kernel fingerprint is the one recorded with the shipped model (its vendor,
+    PyTorch, vector kernels and the Makefile's pins); elsewhere it skips and says what differs and by how much."""
     from safetensors.torch import load_file
 
-    from dppo_core.models import SHIPPED_WARM_START
+    from dppo_core.models import SHIPPED_WARM_START, fingerprint_mismatch
 
-    path = warm_start(cache_dir=tmp_path, force=True, progress=False)
-    assert "source" not in json.loads((path / "warm_start_log.json").read_text())  # trained, not copied
-    ours, shipped = load_file(path / "model.safetensors"), load_file(SHIPPED_WARM_START / "model.safetensors")
+    ours = load_file(rebuilt_warm_start / "model.safetensors")
+    shipped = load_file(SHIPPED_WARM_START / "model.safetensors")
     assert ours.keys() == shipped.keys()
     diff = max((ours[k] - shipped[k]).abs().max().item() for k in ours)
-    scale = max(shipped[k].abs().max().item() for k in shipped)
-    pinned = all(os.environ.get(k) == v for k, v in PINNED.items())
-    if not pinned:
-        pytest.skip(f"kernels not pinned ({PINNED} not all set): the rebuilt weights differ from the shipped ones "
-                    f"by at most {diff:.3g} (largest weight {scale:.3g})")
-    assert diff == 0, f"rebuilt under the pinned kernels, the weights differ by up to {diff:.3g}"
-    assert (path / "tokenizer.json").read_text() == (SHIPPED_WARM_START / "tokenizer.json").read_text()
+    recorded = json.loads((SHIPPED_WARM_START / "warm_start_log.json").read_text())["kernels"]
+    mismatch = fingerprint_mismatch(recorded)
+    if mismatch:
+        scale = max(shipped[k].abs().max().item() for k in shipped)
+        pytest.skip(f"the shipped warm start was built with other kernels ({mismatch}): rebuilt here, its weights "
+                    f"differ by at most {diff:.3g} (largest weight {scale:.3g}); its behaviour is checked above")
+    assert diff == 0, f"rebuilt on the recording CPU's kernels, the weights differ by up to {diff:.3g}"
 
 
 @pytest.mark.slow

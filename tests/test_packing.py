@@ -20,6 +20,8 @@ from dppo_core.packing import (
     plan_rows,
 )
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 PAD = 0
 
 # --------------------------------------------------------------------------------------------------

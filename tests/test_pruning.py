@@ -27,6 +27,8 @@ from dppo_core.pruning import (
     step_generator,
 )
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 
 def _history():
     h = PromptHistory()

@@ -25,6 +25,8 @@ from dppo_core.rollout import (
 )
 from dppo_core.tasks import ArithmeticTask
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 G = 4  # completions per prompt
 
 

@@ -26,6 +26,8 @@ from dppo_core.shared_prefix import (
     shared_prefix_micro_batches,
 )
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 PAD = 0
 
 

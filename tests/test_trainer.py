@@ -1,6 +1,7 @@
 """The GRPO trainer on a small local model: updates, LoRA, QLoRA on CPU, checkpoints and resume."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.trainer import DPPOTrainer, learning_rate_at
+
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
 
 
 def _config(model_dir, out, **kw):
@@ -333,20 +336,45 @@ def test_pruning_config_errors_say_how_to_fix(small_model_dir, tmp_path):
         _config(small_model_dir, tmp_path, pruning="cppo", prompt_prune_rate=0.5)
 
 
+def _first_step_gradients(trainer):
+    """The trainer's first step, returning the gradient of every trained parameter as it reached the optimizer
+    (after clipping, before AdamW moves the weights)."""
+    grads = {}
+
+    def keep(optimizer, args, kwargs):
+        if not grads:
+            grads.update({n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()
+                          if p.grad is not None})
+
+    trainer.optimizer.register_step_pre_hook(keep)
+    trainer.train()
+    return grads
+
+
 @pytest.mark.parametrize("extra", [dict(), dict(beta=0.1, num_iterations=2)])
 def test_packed_updates_equal_padded_updates(small_model_dir, tmp_path, extra):
-    """Packing changes the layout, not the maths: same metrics (to float tolerance) and weights."""
-    kw = dict(max_steps=2, pruning="dppo", completion_prune_rate=0.5, **extra)
+    """Packing changes the layout, not the maths: one step's metrics and gradient equal the padded layout's to
+    float32 rounding. Checked at one step's gradient, not at the weights after AdamW steps: Adam divides by
+    sqrt(v), which turns a rounding-level difference in a near-zero gradient coordinate into a step the size of
+    the learning rate, so weights after Adam steps differ on another CPU's kernels."""
+    kw = dict(max_steps=1, pruning="dppo", completion_prune_rate=0.5, save_steps=0, **extra)
     padded = _trainer(_config(small_model_dir, tmp_path / "padded", **kw))
-    padded.train()
+    g_padded = _first_step_gradients(padded)
     packed = _trainer(_config(small_model_dir, tmp_path / "packed", packing=True, max_tokens_per_row=64,
                               packing_rows_per_micro_batch=3, **kw))
-    packed.train()
-    a, b = _lines(tmp_path / "padded" / "metrics.jsonl"), _lines(tmp_path / "packed" / "metrics.jsonl")
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["tokens_trained"] == rb["tokens_trained"] and ra["sequences_trained"] == rb["sequences_trained"]
-        for key in ("loss", "grad_norm", "kl"):
-            assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), key
-        assert rb["update_density"] >= ra["update_density"] and rb["padding_avoided"] >= 0
-    for (name, x), y in zip(padded.model.state_dict().items(), packed.model.state_dict().values(), strict=True):
-        assert torch.allclose(x, y, atol=1e-5), name
+    g_packed = _first_step_gradients(packed)
+    (ra,), (rb,) = _lines(tmp_path / "padded" / "metrics.jsonl"), _lines(tmp_path / "packed" / "metrics.jsonl")
+    assert ra["tokens_trained"] == rb["tokens_trained"] and ra["sequences_trained"] == rb["sequences_trained"]
+    for key in ("loss", "grad_norm", "kl"):
+        assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), key
+    assert rb["update_density"] >= ra["update_density"] and rb["padding_avoided"] >= 0
+    assert g_padded.keys() == g_packed.keys() and g_padded
+    # Each gradient entry sums one term per trained token; another layout sums them in another order, which
+    # float32 rounds differently by about eps * sqrt(tokens) relative to the entry's scale (a random walk of
+    # roundings). Measured: at most 0.72 of that, under the Makefile's pins and under PyTorch's generic kernels with
+    # MKL's compatible path; the bound allows 16.
+    eps = torch.finfo(torch.float32).eps
+    for name, x in g_padded.items():
+        tol = 16 * eps * math.sqrt(ra["tokens_trained"]) * max(x.abs().max().item(), 1e-12)
+        worst = (g_packed[name] - x).abs().max().item()
+        assert worst <= tol, f"{name}: packed gradient differs from padded by {worst:.3g} (bound {tol:.3g})"

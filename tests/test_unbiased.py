@@ -35,6 +35,8 @@ from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import HFRollout, RolloutBatch, SamplingConfig
 from dppo_core.trainer import DPPOTrainer
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 P, G, MAX_TOKENS = 8, 8, 16
 NUM_COORDS = 2048
 DRAWS = 1000

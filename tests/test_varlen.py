@@ -20,6 +20,8 @@ from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.packing import PackSequence, pack, packed_completion_logprobs, varlen_boundaries
 from dppo_core.policy import attention_kernel
 
+pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
+
 
 class ReferenceKernel:
     """``varlen_attn`` on CPU: causal sdpa per sequence. Records the boundaries it was given."""

@@ -27,7 +27,7 @@ from dppo_core.rollout import (
 )
 from dppo_core.tasks import ArithmeticTask
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.numerics]
 
 G = 4  # completions per prompt
 KV_BYTES = 1 << 27  # 128 MiB of KV cache is plenty for these prompts, and starts faster than 1 GiB

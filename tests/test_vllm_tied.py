@@ -15,7 +15,7 @@ from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig, VLLMRollout
 from dppo_core.tasks import ArithmeticTask
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.numerics]
 
 TOL = 1e-4
 
