@@ -110,18 +110,26 @@ _ANSWER_IS = re.compile(
 
 
 def completion_text(completion: Completion) -> str:
-    """The text of a completion: the string itself, or the content of a conversation's last message.
+    """The text of a completion: the string itself, the content of a conversation's last message (TRL passes
+    conversational completions as ``[{"role": "assistant", "content": "..."}]``), or the ``text`` of an object
+    that has one (a :class:`dppo_core.rollout.Completion`). An empty conversation is ``""`` (it scores 0).
 
-    TRL passes conversational completions as ``[{"role": "assistant", "content": "..."}]``.
-    Anything else becomes ``""`` (which scores 0), so a reward function never raises on odd input.
+    Raises:
+        TypeError: for anything else, naming its type, rather than scoring it 0 without a word.
     """
     if isinstance(completion, str):
         return completion
-    if isinstance(completion, (list, tuple)) and completion:
+    if isinstance(completion, (list, tuple)):
+        if not completion:
+            return ""
         last = completion[-1]
         if isinstance(last, dict) and isinstance(last.get("content"), str):
             return last["content"]
-    return ""
+    elif isinstance(getattr(completion, "text", None), str):
+        return completion.text
+    raise TypeError(f"a completion must be a string, a conversation (a list of {{'role', 'content'}} dicts) or have "
+                    f"a .text string (a dppo_core.rollout.Completion); got {type(completion).__name__}: "
+                    f"{str(completion)[:80]!r}")
 
 
 def _braced(text: str, start: int) -> tuple[str, int] | None:
@@ -942,11 +950,13 @@ def math_reward(completion: Completion, answer: str, *, timeout: float = DEFAULT
     ``answer`` is the reference's final answer (a worked solution ending in ``#### N`` or containing a
     ``\\boxed{}`` works too). ``mode`` is how the completion's answer is found (:func:`extract_answer`):
     ``"strict"`` for RL rewards (the default), ``"lenient"`` for evaluation. A comparison that takes longer
-    than ``timeout`` seconds scores 0.0. Never raises, except a ValueError for an unknown ``mode``.
+    than ``timeout`` seconds scores 0.0. Never raises, except a ValueError for an unknown ``mode`` and a TypeError
+    for a ``completion`` that is none (:func:`completion_text`).
     """
     check_mode(mode)
+    text = completion_text(completion)  # a TypeError for what is no completion, not a silent 0
     try:
-        pred = extract_answer(completion_text(completion), mode)
+        pred = extract_answer(text, mode)
         if pred is None or not isinstance(answer, str):
             return 0.0
         gold = reference_answer(answer)
@@ -992,9 +1002,10 @@ def math_rewards(
         )
     rewards = [0.0] * len(completions)
     todo: dict[tuple[str, str], list[int]] = {}
-    for i, (completion, answer) in enumerate(zip(completions, answers, strict=True)):
+    texts = [completion_text(c) for c in completions]  # a TypeError for what is no completion, not a silent 0
+    for i, (text, answer) in enumerate(zip(texts, answers, strict=True)):
         try:
-            pred = extract_answer(completion_text(completion), mode)
+            pred = extract_answer(text, mode)
             if pred is None or not isinstance(answer, str):
                 continue
             gold = reference_answer(answer)
