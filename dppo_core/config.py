@@ -253,7 +253,7 @@ class DPPOConfig:
         need(self.max_completion_length >= 1, "max_completion_length", "must be at least 1 token")
         need(self.temperature > 0, "temperature", "RL needs sampling: use a temperature > 0, e.g. 1.0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(self.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {ROLLOUT_ENGINES}")
+        need(self.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {', '.join(ROLLOUT_ENGINES)}")
         need(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-4 (full) or 3e-4 (LoRA)")
         need(self.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
         need(0 < self.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")
@@ -262,7 +262,7 @@ class DPPOConfig:
         need(self.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
         need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
         need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
-        need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {PRUNING_MODES}")
+        need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {', '.join(PRUNING_MODES)}")
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
         need(self.prompt_scheme in PROMPT_SCHEMES, "prompt_scheme", f"choose one of {', '.join(PROMPT_SCHEMES)}")
@@ -300,7 +300,7 @@ class DPPOConfig:
              "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
         need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
              "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
-        need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {UPDATE_MODES}")
+        need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {', '.join(UPDATE_MODES)}")
         need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
              f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
         varlen = self.attn_implementation in ("flash_attention_2", "torch_varlen")
@@ -316,6 +316,7 @@ class DPPOConfig:
              "must be in [0, 1] (a fraction of learning_rate, e.g. 0.1)")
         need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0 (0: no warm-up)")
         need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
+        need(self.eval_steps >= 0, "eval_steps", "must be >= 0 (0: only before the first step and after the last)")
         need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
         need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
         need(self.train_pool_size is None or self.train_pool_size >= 1, "train_pool_size",

@@ -179,3 +179,12 @@ def test_load_benchmark_is_importable_from_tasks_as_documented():
     from dppo_core.tasks import load_benchmark as from_tasks
 
     assert from_tasks is load_benchmark
+
+
+def test_eval_steps_is_checked_and_choices_read_as_words():
+    with pytest.raises(ConfigError, match=r"eval_steps.*must be >= 0"):
+        DPPOConfig(eval_steps=-1)
+    for key in ("pruning", "rollout_engine", "update_mode"):
+        with pytest.raises(ConfigError, match=key) as info:
+            DPPOConfig(**{key: "nonsense"})
+        assert "(" not in str(info.value).split("choose one of", 1)[1], str(info.value)  # words, not a tuple

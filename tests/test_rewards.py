@@ -220,9 +220,9 @@ def test_never_raises_and_bounded_time(text, answer):
 
 
 def test_a_rollout_completion_is_read_by_its_text_and_anything_else_is_refused():
-    """A dppo_core.rollout.Completion scores as its text does (it used to score 0 without a word), in both the
-    single and the batch scorer; what is no completion at all raises a TypeError that names its type."""
-    from dppo_core.rewards import format_reward, math_reward, math_rewards
+    """A dppo_core.rollout.Completion scores as its text does (it used to score 0 without a word), in every
+    reward function; what is no completion at all raises a TypeError that names its type."""
+    from dppo_core.rewards import accuracy_reward, format_reward, math_reward, math_rewards
     from dppo_core.rollout import Completion
 
     right = Completion(token_ids=[1, 2], text="so the answer is \\boxed{80}", logprobs=[-0.1, -0.2],
@@ -230,10 +230,15 @@ def test_a_rollout_completion_is_read_by_its_text_and_anything_else_is_refused()
     wrong = Completion(token_ids=[1], text="\\boxed{81}", logprobs=[-0.3], finish_reason="stop")
     assert math_reward(right, "80") == 1.0 and math_reward(wrong, "80") == 0.0
     assert math_rewards([right, wrong, right.text], ["80", "80", "80"]) == [1.0, 0.0, 1.0]
-    assert format_reward(None, [right]) == [1.0]
+    conversation = [{"role": "assistant", "content": right.text}]
+    for completion in (right, right.text, conversation):  # every kind a reward function is handed
+        assert accuracy_reward(None, [completion], answer=["80"]) == [1.0]
+        assert format_reward(None, [completion]) == [1.0]
     assert math_reward([], "80") == 0.0  # an empty conversation is an empty answer
     for bad in (None, 80, {"content": "\\boxed{80}"}):
         with pytest.raises(TypeError, match=type(bad).__name__):
             math_reward(bad, "80")
     with pytest.raises(TypeError, match="int"):
         math_rewards(["\\boxed{80}", 80], ["80", "80"])
+    with pytest.raises(TypeError, match="NoneType"):
+        accuracy_reward(None, [None], answer=["80"])
