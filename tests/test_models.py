@@ -154,7 +154,8 @@ def test_a_warm_start_is_the_same_bit_for_bit_when_built_twice_on_one_machine(tm
 #: 5% and 7% through step 450, then up to 1.25x and 1.20x; the last 100 steps' 1.21x and 1.16x; greedy accuracy
 #: per level (200 problems, 21 on level 1) 0.86 and 0.95 / 0.86, 0.68 and 0.85 / 0.97, 0.54 and 0.59 / 0.77,
 #: 0.29 and 0.35 / 0.40, 0.21 and 0.36 / 0.52; means 0.51 and 0.62 / 0.70. Not within the standard errors: a
-#: different model. The bounds below leave room for other CPUs and still fail a warm start that did not learn.
+#: different model (benchmarks/warm_start_rebuild.py; its results in benchmarks/results/warm_start_rebuild/).
+#: The bounds below leave room for other CPUs and still fail a warm start that did not learn.
 REBUILD_TRACKED_STEPS = 400
 REBUILD_LOSS_TRACKS = 0.15
 REBUILD_FINAL_LOSS_RATIO = 1.6

@@ -14,10 +14,10 @@ added with those schemes; the others are the earlier records (the first named ``
 ``tests/data/cross_cpu_run.json``, re-recorded the same way with ``--record-guard``.
 
 Every step depends on the CPU's floating-point kernels (see the Makefile), so the test runs only where the
-kernel fingerprint (:func:`dppo_core.models.kernel_fingerprint`: PyTorch, its vector kernels and the Makefile's
-pins) is the one the records were made with, and skips elsewhere saying what differs. The CPU's vendor is not
-part of it here: these 4-step runs from the shipped warm start reproduce to 1e-5 under the pins on AMD (AVX2) and
-Intel (AVX-512) CPUs alike. What must hold on any CPU, whatever its kernels, is checked by
+kernel fingerprint (:func:`dppo_core.models.kernel_fingerprint`: PyTorch, its vector kernels, its threads and
+the Makefile's pins) is the one the records were made with, and skips elsewhere saying what differs. The CPU's
+vendor is not part of it here: these 4-step runs from the shipped warm start reproduce to 1e-5 under the pins on
+AMD (AVX2) and Intel (AVX-512) CPUs alike. What must hold on any CPU, whatever its kernels, is checked by
 ``test_the_run_takes_the_same_course_on_any_cpu`` below.
 """
 
