@@ -19,6 +19,7 @@ from typing import Any
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")  # rollout_correction: dppo_core.grpo's engine weights
 PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
@@ -68,6 +69,16 @@ class DPPOConfig:
     drops finished sequences), ``"vllm"`` (error if vLLM cannot start) or ``"auto"`` (vLLM if it starts, else
     transformers with a warning). On CPU with the tiny model ``hf`` is as fast as vLLM
     (``benchmarks/results/rollout_throughput.md``)."""
+    rollout_correction: str = "auto"
+    """Correct the loss for the engine sampling from its own copy mu of the policy (other kernels, precision,
+    batch shapes) instead of the policy pi being trained: ``"token"`` multiplies each token's loss by
+    min(pi_old / mu, ``rollout_correction_cap``) (truncated importance sampling, as TRL and verl do by default),
+    ``"sequence"`` each completion's by min(prod_t pi_old / mu, cap) (exact below the cap, more variance),
+    ``"off"`` trusts the engine. ``"auto"``: ``token`` with vLLM, ``off`` with the transformers engine, which
+    samples from the training model itself (mu = pi). Logged per step as ``engine_weight_mean``,
+    ``engine_weight_truncated`` and ``engine_logprob_diff_max``."""
+    rollout_correction_cap: float = 2.0
+    """C >= 1, the truncation of ``rollout_correction``'s weights (2: Yao et al., 2025)."""
 
     # --- objective --------------------------------------------------------------------------------
     learning_rate: float = 1e-4
@@ -254,6 +265,10 @@ class DPPOConfig:
         need(self.temperature > 0, "temperature", "RL needs sampling: use a temperature > 0, e.g. 1.0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(self.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {', '.join(ROLLOUT_ENGINES)}")
+        need(self.rollout_correction in ROLLOUT_CORRECTIONS, "rollout_correction",
+             f"choose one of {', '.join(ROLLOUT_CORRECTIONS)}")
+        need(self.rollout_correction_cap >= 1, "rollout_correction_cap",
+             "the truncation must be >= 1 (below 1 it would shrink on-policy tokens), e.g. 2")
         need(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-4 (full) or 3e-4 (LoRA)")
         need(self.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
         need(0 < self.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")

@@ -399,6 +399,54 @@ def check_lean_decode(model_dir: str | Path, device: torch.device) -> Check:
                                   "HFRollout(..., lean=False) and report this line")
 
 
+def correction_summary(model: torch.nn.Module, batch, cap: float = 2.0) -> tuple[float, str]:
+    """The engine's mismatch on ``batch`` and what ``rollout_correction`` would do with it: (mean token weight,
+    one line with max |log π − log μ| and, per level, the mean weight and the share of tokens truncated at C)."""
+    from dppo_core.grpo import truncated_importance_weights
+    from dppo_core.rollout import completion_logprobs
+
+    train = completion_logprobs(model, batch)
+    rows = [(lp.float().cpu(), torch.tensor(c.logprobs, dtype=torch.float32))
+            for g, lps in zip(batch.groups, train, strict=True) for c, lp in zip(g.completions, lps, strict=True)
+            if c.length]
+    logp = torch.nn.utils.rnn.pad_sequence([r[0] for r in rows], batch_first=True)
+    mu = torch.nn.utils.rnn.pad_sequence([r[1] for r in rows], batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(r[0])) for r in rows], batch_first=True).bool()
+    parts = [f"max |log π − log μ| {(logp - mu).abs()[mask].max().item():.2e} over {int(mask.sum())} tokens"]
+    means = {}
+    for level in ("token", "sequence"):
+        w = truncated_importance_weights(logp, mu, cap, level=level, mask=mask)[mask]
+        means[level] = w.mean().item()
+        parts.append(f"{level} weights mean {means[level]:.4f}, {(w >= cap).float().mean().item():.1%} truncated "
+                     f"at C={cap:g}")
+    return means["token"], "; ".join(parts)
+
+
+def check_rollout_correction(model_dir: str | Path, device: torch.device) -> Check:
+    """The transformers engine's mismatch with the training forward (on CUDA in bf16 the decode's kernels and
+    batch shapes differ from the update's), and the weights ``rollout_correction`` would give it."""
+    from dppo_core.models import load_model
+    from dppo_core.rollout import HFRollout, SamplingConfig
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    try:
+        with _quiet():
+            model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
+        model.eval()
+        batch = HFRollout(model, tokenizer).generate(_prompts(8 if cuda else 4), 4,
+                                                     SamplingConfig(max_tokens=64 if cuda else 16, seed=0))
+        mean, detail = correction_summary(model, batch)
+    except Exception as exc:  # noqa: BLE001
+        return Check("rollout correction (hf)", "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+    finally:
+        _free_cuda()
+    ok = abs(mean - 1) <= 0.05  # the engine is the policy itself: its weights stay near 1
+    return Check("rollout correction (hf)", "OK" if ok else "FAIL", f"{str(dtype).removeprefix('torch.')}: {detail}",
+                 "" if ok else "the rollout's log-probs are far from the update's: set rollout_correction=token and "
+                               "report this line")
+
+
 def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
     """One update step of LoRA on a 4-bit NF4 base, through the package's own loader."""
     import importlib.util
@@ -515,8 +563,10 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
         t1 = time.perf_counter()
         engine.sync(model)
         sync_s = time.perf_counter() - t1
-        synced = logprob_mismatch(model, engine.generate(prompts, 2, sampling))
+        synced_batch = engine.generate(prompts, 2, sampling)
+        synced = logprob_mismatch(model, synced_batch)
         ok = synced.mean_abs <= tol and stale.mean_abs >= 5 * max(synced.mean_abs, 1e-7)
+        checks.append(Check("vllm rollout correction", "OK", correction_summary(model, synced_batch)[1]))
         checks.append(Check("vllm weight sync", "OK" if ok else "FAIL",
                             f"started in {start_s:.0f} s; mean |engine - trainer log-prob| "
                             f"{in_step.mean_abs:.1e} before "
@@ -682,6 +732,7 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
         emit(check_packing(model_dir, device, attention=attention))
     emit(check_shared_prefix(model_dir, device))
     emit(check_lean_decode(model_dir, device))
+    emit(check_rollout_correction(model_dir, device))
     emit(check_qlora(model_dir, device))
     for check in check_vllm(model_dir, device):
         emit(check)

@@ -26,6 +26,10 @@ of prompts pruned before rollout is unknown, so under prompt pruning the loss wo
 about 1 / mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination.
 (Dividing by the kept tokens only would inflate the loss by 1 / kept share.)
 
+With an engine other than the training model (vLLM), each token's ``l_t`` is also multiplied by the engine
+weight ``min(pi_old / mu, C)`` (``token_weights``; :func:`truncated_importance_weights`), which corrects for the
+engine sampling from its own copy mu of the policy (docs/estimator.md, "The three weights").
+
 Departures from TRL's GRPOTrainer, and why:
 1. The normaliser is explicit (``num_sequences``, ``max_completion_length``, ``num_tokens``) instead of
    being read off the micro-batch, so that micro-batching and pruning cannot change the estimator.
@@ -80,6 +84,7 @@ def policy_loss(
     num_sequences: int | None = None,
     max_completion_length: int | None = None,
     num_tokens: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped GRPO surrogate (plus beta * KL) for a micro-batch of N completions.
 
@@ -95,6 +100,8 @@ def policy_loss(
         max_completion_length: L_max for ``dr_grpo``; default T.
         num_tokens: the token count to divide by for ``dapo`` (all micro-batches of the step); default
             the tokens in this micro-batch.
+        token_weights: (N, T) detached per-token factors of the loss, e.g. the engine weights of
+            :func:`truncated_importance_weights`; None means all ones (the engine is the policy).
 
     Returns the scalar loss and detached statistics (``clip_fraction``, ``kl``, ``ratio_mean``), each a
     token mean over this micro-batch.
@@ -121,6 +128,8 @@ def policy_loss(
     if beta > 0:
         kl = kl_k3(logprobs, ref_logprobs)
         per_token = per_token + beta * kl
+    if token_weights is not None:  # the engine's mismatch, corrected token by token
+        per_token = per_token * token_weights.to(device=per_token.device, dtype=per_token.dtype)
 
     w = (torch.ones(n, dtype=logprobs.dtype, device=logprobs.device) if weights is None
          else weights.to(device=logprobs.device, dtype=logprobs.dtype))
@@ -143,6 +152,49 @@ def policy_loss(
             "kl": (kl * mask).sum() / total if kl is not None else torch.zeros((), dtype=logprobs.dtype),
         }
     return loss, stats
+
+
+def truncated_importance_weights(logp_train: torch.Tensor, logp_engine: torch.Tensor, cap: float = 2.0, *,
+                                 level: str = "token", mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Truncated importance sampling (TIS) weights for rollouts sampled by a mismatched engine.
+
+    The engine samples from :math:`\\mu` (its copy of the policy); the policy gradient needs samples of
+    :math:`\\pi` (the trainer's). Reweighting by :math:`\\pi / \\mu` corrects that; truncating at ``C`` bounds
+    the variance at the price of a bias where the engine under-samples a token:
+
+    .. math:: w_t = \\min\\bigl(\\exp(\\log\\pi_t - \\log\\mu_t),\\ C\\bigr)   (``level="token"``)
+    .. math:: w = \\min\\bigl(\\exp(\\textstyle\\sum_t \\log\\pi_t - \\log\\mu_t),\\ C\\bigr)   (``level="sequence"``)
+
+    The sequence weight makes a whole completion's draw one from :math:`\\pi` (exact below ``C``); the token
+    weight corrects each token's draw given a prefix that the engine sampled, the frameworks' default (lower
+    variance, not exact for completions of more than one token).
+
+    Args:
+        logp_train: per-token log-probs of the sampled tokens under the training policy at the sampling
+            temperature (the old policy's: the parameters the completions were sampled at), shape (..., T).
+        logp_engine: the engine's sampling log-probs of the same tokens, same shape.
+        cap: ``C`` >= 1; 2 is the value Yao et al. (2025, "Your efficient RL framework secretly brings
+            you off-policy RL training") recommend.
+        level: ``"token"`` or ``"sequence"`` (one weight per row of the last dimension, broadcast over it).
+        mask: 1 on real tokens, 0 on padding (needed for ``"sequence"``; default all ones).
+
+    Returns:
+        ``w`` of the same shape, detached (a constant factor in the loss: no gradient flows through it).
+        Multiply it into the per-token policy loss before aggregation (``policy_loss(token_weights=w)``).
+    """
+    if logp_train.shape != logp_engine.shape:
+        raise ValueError(f"logp_train {tuple(logp_train.shape)} and logp_engine {tuple(logp_engine.shape)} "
+                         "must have the same shape (one entry per sampled token)")
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1 (weights below 1 would be clipped to below the on-policy value), got {cap}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    dtype = torch.promote_types(logp_train.dtype, torch.float32)  # at least float32 (bf16 log-probs), float64 kept
+    log_ratio = logp_train.detach().to(dtype) - logp_engine.detach().to(dtype)
+    if level == "sequence":
+        m = torch.ones_like(log_ratio) if mask is None else mask.to(log_ratio)
+        log_ratio = (log_ratio * m).sum(dim=-1, keepdim=True).expand_as(log_ratio)
+    return torch.exp(log_ratio).clamp(max=cap)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -29,6 +29,7 @@ class Sequences:
     num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
     pruned_tokens: int = 0  # completion tokens rolled out but not trained on
     origin: list[tuple[int, int]] | None = None  # (group, completion) in the rollout batch of each sequence
+    engine_logprobs: list[list[float]] | None = None  # per token, the engine's sampling log-probs (log mu)
     # data parallel: this rank holds a share of the step's sequences; these are the whole step's totals
     total_tokens: int | None = None
     total_rolled_out_tokens: int | None = None
@@ -57,6 +58,19 @@ class Sequences:
     @property
     def global_rolled_out_tokens(self) -> int:
         return self.rolled_out_tokens if self.total_rolled_out_tokens is None else self.total_rolled_out_tokens
+
+
+def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """The engine's log-probs of micro-batch ``idx``'s tokens laid out like its ``(logprobs, mask)``: (N, T), row i
+    holding sequence ``idx[i]``'s tokens from column 0, zeros on padding."""
+    if seqs.engine_logprobs is None:
+        raise ValueError("these Sequences carry no engine log-probs; build them from a RolloutBatch "
+                         "(DPPOTrainer.sequences) to correct for the engine")
+    grid = torch.zeros(like.shape, dtype=torch.float32)
+    for row, i in enumerate(idx):
+        lp = seqs.engine_logprobs[i]
+        grid[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    return grid.to(like.device)
 
 
 def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],

@@ -20,7 +20,8 @@ Train/inference mismatch. The engine samples token :math:`y_t` from its own copy
 :math:`\\pi(y_t) = \\mathrm{softmax}(z^{\\text{train}}_t / T)`. Different kernels, precisions and batch
 shapes make :math:`\\log\\pi - \\log\\mu \\ne 0` even with identical weights. :func:`logprob_mismatch`
 measures it; :func:`truncated_importance_weights` gives the TIS correction
-:math:`w_t = \\min(\\exp(\\log\\pi_t - \\log\\mu_t), C)`.
+:math:`w_t = \\min(\\exp(\\log\\pi_t - \\log\\mu_t), C)`, which the trainer multiplies into the loss
+(``rollout_correction``; on by default with vLLM).
 
 Departures from what TRL / verl do, and why:
 1. Log-probs returned by both engines are of the *processed* sampling distribution (after temperature and
@@ -48,6 +49,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from dppo_core.grpo import truncated_importance_weights as truncated_importance_weights  # re-exported: the correction
 from dppo_core.models import encode_prompt
 
 Prompt = str | list[dict[str, str]]  # plain text, or a chat conversation (list of messages)
@@ -221,37 +223,6 @@ def logprob_mismatch(model: torch.nn.Module, batch: RolloutBatch, temperature: f
         return LogprobMismatch(0.0, 0.0, 0)
     d = torch.cat(diffs)  # (tokens,)
     return LogprobMismatch(mean_abs=d.mean().item(), max_abs=d.max().item(), num_tokens=d.numel())
-
-
-def truncated_importance_weights(logp_train: torch.Tensor, logp_engine: torch.Tensor,
-                                 cap: float = 2.0) -> torch.Tensor:
-    """Truncated importance sampling (TIS) weights for rollouts sampled by a mismatched engine.
-
-    The engine samples from :math:`\\mu` (its copy of the policy); the policy gradient needs samples of
-    :math:`\\pi` (the trainer's). Reweighting each token's loss term by :math:`\\pi_t / \\mu_t` corrects
-    that; truncating at ``C`` bounds the variance at the price of a small bias where the engine
-    under-samples a token:
-
-    .. math:: w_t = \\min\\bigl(\\exp(\\log\\pi_t - \\log\\mu_t),\\ C\\bigr)
-
-    Args:
-        logp_train: per-token log-probs of the sampled tokens under the training policy at the sampling
-            temperature (e.g. the old-policy log-probs), any shape.
-        logp_engine: the engine's sampling log-probs of the same tokens, same shape.
-        cap: ``C`` >= 1; 2 is the value Yao et al. (2025, "Your efficient RL framework secretly brings
-            you off-policy RL training") recommend.
-
-    Returns:
-        ``w`` of the same shape, detached (a constant factor in the loss: no gradient flows through it).
-        Multiply it into the per-token policy loss before aggregation; mask padding as usual.
-    """
-    if logp_train.shape != logp_engine.shape:
-        raise ValueError(f"logp_train {tuple(logp_train.shape)} and logp_engine {tuple(logp_engine.shape)} "
-                         "must have the same shape (one entry per sampled token)")
-    if cap < 1:
-        raise ValueError(f"cap must be >= 1 (weights below 1 would be clipped to below the on-policy value), got {cap}")
-    log_ratio = (logp_train.detach().float() - logp_engine.detach().float())
-    return torch.exp(log_ratio).clamp(max=cap)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -54,8 +54,8 @@ from dppo_core.distributed import (
     shard,
 )
 from dppo_core.estimator import Selection, Weighting, make_estimator
-from dppo_core.grpo import group_advantages, policy_loss
-from dppo_core.logprobs import Sequences, layout_micro_batches
+from dppo_core.grpo import group_advantages, policy_loss, truncated_importance_weights
+from dppo_core.logprobs import Sequences, engine_logprob_grid, layout_micro_batches
 from dppo_core.packing import attention_implementation
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
 from dppo_core.pruning import PromptHistory, effective_sample_size
@@ -84,19 +84,34 @@ def learning_rate_at(step: int, config: DPPOConfig) -> float:
 
 def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: torch.Tensor, mask: torch.Tensor,
                      old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
-                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     engine_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss that :meth:`DPPOTrainer.update` backpropagates for the micro-batch ``idx`` of ``seqs``.
 
     Each sequence carries its weight, and the normalisers are the step's (``num_sequences`` = C for ``grpo``
     and ``dr_grpo``, every rolled-out completion token for ``dapo``), so the micro-batches' losses add up to
-    the step's pruned loss L̂(θ) whatever the layout.
+    the step's pruned loss L̂(θ) whatever the layout. ``engine_weights`` (N, T): the rollout correction's
+    per-token factors (:func:`engine_weights`), None when it is off.
     """
     c = config
     return policy_loss(logprobs, seqs.advantages[idx].to(logprobs.device), mask, old_logprobs=old_logprobs,
                        ref_logprobs=ref_logprobs, weights=seqs.weights[idx].to(logprobs.device), beta=c.beta,
                        epsilon=c.epsilon, epsilon_high=c.epsilon_high, loss_type=c.loss_type,
                        num_sequences=seqs.num_sequences, max_completion_length=c.max_completion_length,
-                       num_tokens=seqs.global_rolled_out_tokens)
+                       num_tokens=seqs.global_rolled_out_tokens, token_weights=engine_weights)
+
+
+def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Any, old_logprobs: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
+    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|)."""
+    engine = engine_logprob_grid(seqs, idx, old_logprobs)
+    m = mask.bool()
+    w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level, mask=mask)
+    w = torch.where(m, w, torch.ones_like(w))  # padding: 1 (its loss is masked anyway, and stays finite)
+    diff = (old_logprobs.detach().float() - engine).abs()[m]
+    return w, {"engine_weight_sum": w[m].sum().item(),
+               "engine_truncated": (w[m] >= config.rollout_correction_cap).sum().item(),
+               "engine_logprob_diff_max": diff.max().item() if diff.numel() else 0.0}
 
 
 @dataclass
@@ -204,6 +219,14 @@ class DPPOTrainer:
         return make_rollout_engine(kind, model=self.model, tokenizer=self.tokenizer, model_path=self.model_path,
                                    require=kind == "vllm", seed=self.config.seed)
 
+    def rollout_correction_level(self) -> str | None:
+        """The engine correction this trainer applies: ``"token"``, ``"sequence"`` or None (``rollout_correction``;
+        ``auto`` is ``token`` for any engine but the transformers one, which samples from the policy itself)."""
+        mode = self.config.rollout_correction
+        if mode == "auto":
+            return "token" if self.engine is not None and self.engine.name != "hf" else None
+        return None if mode == "off" else mode
+
     def _emit(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
         if not self.dist.is_main:  # data parallel: rank 0 logs for the job
             return
@@ -308,7 +331,7 @@ class DPPOTrainer:
         """This rank's kept completions as :class:`Sequences` (completions without tokens have no loss: skipped)."""
         if weighting.advantages is not None:  # the estimator recomputed them (pods)
             advantages = weighting.advantages
-        prompt_ids, completion_ids, adv, w, origin = [], [], [], [], []
+        prompt_ids, completion_ids, adv, w, origin, engine_lp = [], [], [], [], [], []
         pruned_tokens = 0
         for gi, grp in enumerate(batch.groups, start=group_offset):
             for ci, comp in enumerate(grp.completions):
@@ -320,8 +343,10 @@ class DPPOTrainer:
                 adv.append(advantages[gi, ci].item())
                 w.append(float(weighting.weights[gi, ci]))
                 origin.append((gi, ci))
+                engine_lp.append(comp.logprobs)
         return Sequences(prompt_ids, completion_ids, torch.tensor(adv), torch.tensor(w, dtype=torch.float64),
-                         num_sequences=weighting.num_sequences, pruned_tokens=pruned_tokens, origin=origin)
+                         num_sequences=weighting.num_sequences, pruned_tokens=pruned_tokens, origin=origin,
+                         engine_logprobs=engine_lp)
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:
@@ -354,13 +379,24 @@ class DPPOTrainer:
                     ref = {k: forward(ref_model, k)[0] for k in range(len(mbs))}
         model.train()
         stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        level = self.rollout_correction_level()
+        if level:
+            stats.update(engine_weight_mean=0.0, engine_weight_truncated=0.0, engine_logprob_diff_max=0.0)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(self.step)
         for _epoch in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, idx in enumerate(mbs):
                 logp, mask = forward(model, k)
-                loss, st = micro_batch_loss(c, seqs, idx, logp, mask, old.get(k), ref.get(k))
+                tokens = max(1, seqs.global_num_tokens) * c.num_iterations
+                w = None
+                if level:  # π_old: the parameters the engine sampled at (this forward's, in the first epoch)
+                    w, ew = engine_weights(c, level, seqs, idx, old.get(k, logp), mask)
+                    stats["engine_weight_mean"] += ew["engine_weight_sum"] / tokens
+                    stats["engine_weight_truncated"] += ew["engine_truncated"] / tokens
+                    stats["engine_logprob_diff_max"] = max(stats["engine_logprob_diff_max"],
+                                                           ew["engine_logprob_diff_max"])
+                loss, st = micro_batch_loss(c, seqs, idx, logp, mask, old.get(k), ref.get(k), w)
                 loss.backward()
                 share = mask.sum().item() / max(1, seqs.global_num_tokens) / c.num_iterations
                 stats["loss"] += loss.item() / c.num_iterations
@@ -379,8 +415,11 @@ class DPPOTrainer:
             return layout
         ranks = all_gather_objects({**stats, **layout}, self.dist)
         summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows",
-                                                         "update_capacity", "padding_avoided",
-                                                         "prompt_tokens_shared") if k in ranks[0]}
+                                                         "update_capacity", "padding_avoided", "prompt_tokens_shared",
+                                                         "engine_weight_mean", "engine_weight_truncated")
+                  if k in ranks[0]}
+        if "engine_logprob_diff_max" in ranks[0]:
+            summed["engine_logprob_diff_max"] = max(r["engine_logprob_diff_max"] for r in ranks)
         real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
         return {**layout, **summed, "update_density": real / max(1, summed["update_capacity"])}
 

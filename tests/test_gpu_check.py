@@ -38,13 +38,14 @@ def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
     assert "Traceback" not in out
     status = {m.group(2): m.group(1) for m in map(LINE.match, out.splitlines()) if m}
     # one line per check, OK or (CUDA only) SKIP; nothing else
-    expected_ok = ["model", "packing (mask, sdpa)", "shared prefix (segment attention)", "lean decode step", "qlora",
+    expected_ok = ["model", "packing (mask, sdpa)", "shared prefix (segment attention)", "lean decode step",
+                   "rollout correction (hf)", "qlora",
                    *(f"step {m}" for m in STEP_METHODS)]
     expected_skip = ["cuda", "packing (varlen, flash_attention_2)", "packing (varlen, torch_varlen)"]
     try:
         import vllm  # noqa: F401
 
-        expected_ok += ["vllm weight sync", "vllm adapter sync"]
+        expected_ok += ["vllm rollout correction", "vllm weight sync", "vllm adapter sync"]
         expected_skip += ["vllm sleep/wake"]
     except ImportError:
         expected_skip += ["vllm"]
@@ -55,6 +56,8 @@ def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
     packing = next(x for x in out.splitlines() if x.startswith("[OK]   packing"))
     assert "boundary-crossing control" in packing and "gradient rel. diff" in packing
     assert all("peak resident memory" in x for x in out.splitlines() if x.startswith("[OK]   step "))
+    correction = next(x for x in out.splitlines() if x.startswith("[OK]   rollout correction (hf)"))
+    assert "max |log π − log μ|" in correction and "token weights mean" in correction and "truncated" in correction
 
 
 def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):

@@ -9,6 +9,7 @@ puts the base weights back before it returns.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 
@@ -247,3 +248,24 @@ def test_factory_builds_vllm_and_falls_back_on_a_broken_checkpoint(engine, base,
         fallback = make_rollout_engine("vllm", model=base[0], tokenizer=base[1], model_path=broken)
     assert isinstance(fallback, HFRollout)
     assert sum(w.category is RuntimeWarning for w in record) == 1
+
+
+def test_the_trainer_corrects_vllm_rollouts_by_default(engine, base, tiny_model_dir, tmp_path):
+    """``rollout_correction: auto`` is the token-level correction with vLLM: a step trains with the weights
+    and logs them (fp32 on CPU: the engine agrees with the trainer, so the weights are 1 within rounding)."""
+    from dppo_core.config import DPPOConfig
+    from dppo_core.trainer import DPPOTrainer
+
+    config = DPPOConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), rollout_engine="vllm",
+                        prompts_per_step=4, num_generations=4, max_completion_length=12, max_steps=1, save_steps=0)
+    trainer = DPPOTrainer(config, progress=False)
+    trainer.engine = engine
+    try:
+        engine.sync(trainer.model)
+        assert trainer.rollout_correction_level() == "token"
+        record = trainer.train_step()
+    finally:
+        engine.sync(base[0])
+    assert record["engine_logprob_diff_max"] < TOL, record
+    assert record["engine_weight_mean"] == pytest.approx(1, abs=TOL) and record["engine_weight_truncated"] == 0
+    assert math.isfinite(record["loss"]) and record["tokens_trained"] > 0
