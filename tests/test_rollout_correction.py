@@ -156,7 +156,8 @@ class SkewedEngine:
         self.inner, self.temperature = HFRollout(model, tokenizer), temperature
 
     def generate(self, prompts, num_generations=1, sampling=None):
-        return self.inner.generate(prompts, num_generations, dataclasses.replace(sampling, temperature=self.temperature))
+        skewed = dataclasses.replace(sampling, temperature=self.temperature)
+        return self.inner.generate(prompts, num_generations, skewed)
 
     def sync(self, model):
         self.inner.sync(model)
