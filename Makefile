@@ -36,20 +36,20 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m dppo_core.cli demo
+	$(PY) -m dppo_core demo
 
 # The warm-started tiny model ships with the package (copied into the cache at first use): notebooks use it.
 # (setup with DPPO_SETUP_BROWSER=1 also makes sure Chromium is there for tests/test_browser.py.)
 # Then the numerics tests and the chapters again under the second kernel setting (test-perturbed).
 test:
 	DPPO_SETUP_BROWSER=1 bash scripts/setup.sh
-	$(PY) -m dppo_core.cli build
+	$(PY) -m dppo_core build
 	$(PY) -m pytest tests notebooks $(NBVAL)
 	$(MAKE) --no-print-directory test-perturbed
 
 # The tests that compare numbers, and every chapter, under the second kernel setting alone.
 test-perturbed: setup
-	env $(PERTURBED) $(PY) -m dppo_core.cli build
+	env $(PERTURBED) $(PY) -m dppo_core build
 	env $(PERTURBED) $(PY) -m pytest -m numerics tests notebooks $(NBVAL)
 
 # Unit tests only (no notebooks, no slow tests): the inner loop while developing.
@@ -58,7 +58,7 @@ test-fast: setup
 
 # Re-execute every chapter and store its outputs (what nbval compares), with the timing table in notebooks/README.md.
 notebooks: setup
-	$(PY) -m dppo_core.cli build
+	$(PY) -m dppo_core build
 	$(PY) scripts/time_notebooks.py --write-outputs
 
 lint: setup

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dppo_core.bench.summary import accuracy_at_time
+from dppo_core.tools.bench.summary import accuracy_at_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_lr import score  # noqa: E402  (the tuning rule: mean sampled accuracy after step 0)
@@ -83,7 +83,7 @@ BASELINES = ("grpo", "grpo_skip")
 
 
 def run_bench(preset: str, seed: int, methods: list[str], output: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "-m", "dppo_core.cli", "bench", "--preset", preset, "--seeds", str(seed),
+    cmd = [sys.executable, "-m", "dppo_core.tools.cli", "bench", "--preset", preset, "--seeds", str(seed),
            "--methods", *methods, "--output-dir", str(output), "--resume", *overrides]
     print("$ " + shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True, env=os.environ.copy())

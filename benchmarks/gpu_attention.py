@@ -17,7 +17,7 @@ every repeat does the same work) in each of these layouts:
                     the same rows, with its mask (sdpa)
 
 Model: Qwen3-1.7B's layer shapes with random weights in bf16 (``--shape``;
-:func:`dppo_core.gpu_check.build_shaped_model`), every parameter trained. Batch: ``--groups`` prompts x
+:func:`dppo_core.shapes.build_shaped_model`), every parameter trained. Batch: ``--groups`` prompts x
 ``--num-generations`` completions of random tokens, prompt lengths uniform in ``--prompt-tokens`` and
 completion lengths uniform in ``--completion-tokens`` (a MATH rollout's range at 1,024 new tokens), then a
 seeded random ``--keep`` share kept with weight 1 / keep (what completion pruning leaves). Repeats run
@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from packing_update import grads_of, make_packed, make_padded, make_shared  # noqa: E402
 
 from dppo_core import varlen  # noqa: E402
-from dppo_core.gpu_check import SHAPES, build_shaped_model  # noqa: E402
 from dppo_core.packing import PackSequence  # noqa: E402
+from dppo_core.shapes import SHAPES, build_shaped_model  # noqa: E402
 
 
 def workload(vocab: int, args) -> tuple[list[PackSequence], torch.Tensor, int, dict]:

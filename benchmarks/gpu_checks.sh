@@ -38,12 +38,12 @@ PY
 cat "$out/machine.txt"
 
 # shellcheck disable=SC2086
-limit "${DOCTOR_S:-}" "$py" -m dppo_core.cli doctor --gpu ${DOCTOR_METHODS:+--methods $DOCTOR_METHODS} 2>&1 \
+limit "${DOCTOR_S:-}" "$py" -m dppo_core doctor --gpu ${DOCTOR_METHODS:+--methods $DOCTOR_METHODS} 2>&1 \
   | tee "$out/doctor.txt"; keep
 limit "${ATTENTION_S:-}" "$py" benchmarks/gpu_attention.py --output "$out/attention" 2>&1 \
   | tee "$out/attention.log"; keep
 limit "${ROLLOUT_S:-}" "$py" benchmarks/gpu_rollout.py --output "$out/rollout" 2>&1 | tee "$out/rollout.log"; keep
 # shellcheck disable=SC2086
-limit "${SYSTEMS_S:-}" "$py" -m dppo_core.cli bench --preset gpu-systems --output-dir "$out/gpu-systems" \
+limit "${SYSTEMS_S:-}" "$py" -m dppo_core bench --preset gpu-systems --output-dir "$out/gpu-systems" \
   ${SYSTEMS_METHODS:+--methods $SYSTEMS_METHODS} "$@" 2>&1 | tee "$out/gpu-systems.log"; keep
 exit "$status"

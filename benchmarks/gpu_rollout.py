@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from dppo_core.gpu_check import SHAPES, build_shaped_model
 from dppo_core.rollout import HFRollout, SamplingConfig
+from dppo_core.shapes import SHAPES, build_shaped_model
 from dppo_core.tasks import ArithmeticTask
 
 

@@ -40,7 +40,7 @@ def run(name: str, overrides: list[str], output: Path) -> None:
     work = output / f".{name}-run"
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("preset=")), "tiny-grpo")
     overrides = [o for o in overrides if not o.startswith("preset=")]
-    cmd = [sys.executable, "-m", "dppo_core.cli", "train", "--preset", preset, "--output-dir", str(work), *overrides]
+    cmd = [sys.executable, "-m", "dppo_core", "train", "--preset", preset, "--output-dir", str(work), *overrides]
     print("+", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
     (output / name).mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def plot_curves(curves: Path, overrides: list[str] | None = None) -> str:
     fig.suptitle("GRPO on the embedded task (tiny-grpo, full fine-tuning)")
     fig.tight_layout()
     fig.savefig(curves / "curves.png", dpi=110)
-    from dppo_core.bench import describe_machine
+    from dppo_core.tools.bench import describe_machine
 
     extra = f" --curves-name {curves.name} --set " + " ".join(f"'{o}'" for o in overrides) if overrides else ""
     text = ("# GRPO learning curves, three seeds\n\nCommand: `.venv/bin/python benchmarks/grpo_tiny.py --curves 0 1 2 "

@@ -23,14 +23,15 @@ from pathlib import Path
 
 from dppo_core import rewards
 from dppo_core.benchmark_data import BOX_INSTRUCTION, EVAL_SUITE, load_benchmark, read_jsonl
-from dppo_core.rewards import (
+from dppo_core.grading import (
+    DEFAULT_TIMEOUT,
     extract_answer,
     fast_equivalence,
-    math_reward,
-    math_rewards,
     parse_number,
+    symbolic,
     symbolic_equivalence,
 )
+from dppo_core.rewards import math_reward, math_rewards
 
 
 def data_dir() -> Path:
@@ -48,7 +49,7 @@ def timed(fn, *args, **kwargs):
 
 
 def symbolic_uncached(pred: str, gold: str):
-    rewards._parse.cache_clear()
+    symbolic._parse.cache_clear()
     return timed(symbolic_equivalence, pred, gold)
 
 
@@ -130,9 +131,9 @@ def main() -> None:
     completions = [f"\\boxed{{-({a})}}" for a in hard]
     batch = {}
     for workers in (1, rewards.default_num_workers()):
-        rewards._parse.cache_clear()
+        symbolic._parse.cache_clear()
         math_rewards(completions[:4], hard[:4], num_workers=workers, min_parallel=1)  # start the workers
-        rewards._parse.cache_clear()
+        symbolic._parse.cache_clear()
         _, dt = timed(math_rewards, completions, hard, num_workers=workers, min_parallel=1)
         batch[f"workers={workers}"] = {"completions": len(hard), "seconds": dt,
                                        "per_completion_ms": 1e3 * dt / len(hard)}
@@ -142,7 +143,7 @@ def main() -> None:
         "command": "python benchmarks/reward_speed.py --output benchmarks/results/reward_speed.json",
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "cpus": rewards.default_num_workers()},
-        "timeout_s": rewards.DEFAULT_TIMEOUT,
+        "timeout_s": DEFAULT_TIMEOUT,
         "self_verification": selfcheck,
         "math500_solutions": math500,
         "gsm8k_solutions": {"problems": len(gsm), "score_1": int(gsm_ok)},

@@ -8,12 +8,12 @@ Made with (from the repository root; about 10-16 minutes on 2 otherwise idle CPU
 Engines:
 
 - ``hf``: :class:`~dppo_core.rollout.HFRollout`'s default compact loop (a finished sequence leaves the
-  batch and the KV cache at once), whose decode steps run the lean step (:mod:`dppo_core.lean_decode`).
+  batch and the KV cache at once), whose decode steps run the lean step (:mod:`dppo_core.engines.lean_decode`).
 - ``hf-forward``: the same loop with ``lean=False``: every decode step is a call of the model's forward
   (the same samples, bit for bit on CPU in fp32).
 - ``hf-generate``: the same engine with ``decode="generate"`` (transformers ``generate``: every row is
   computed until the batch's longest completion ends). It gives the same samples as ``hf``.
-- ``vllm``: :class:`~dppo_core.vllm_engine.VLLMRollout`, in-process, fp32, eager.
+- ``vllm``: :class:`~dppo_core.engines.vllm.VLLMRollout`, in-process, fp32, eager.
 
 Workloads (``--spreads``), both on the embedded tiny model's architecture (2.3M parameters), temperature 1,
 at most ``--max-tokens`` new tokens, ``batch_size / 8`` prompts x 8 samples in one ``generate`` call (what one
@@ -75,7 +75,7 @@ def worker(spread: str, engine_name: str, args: argparse.Namespace) -> dict:
     prompts = [p.messages() for p in problems]
     t0 = time.perf_counter()
     if engine_name == "vllm":
-        from dppo_core.vllm_engine import VLLMRollout
+        from dppo_core.engines.vllm import VLLMRollout
 
         engine = VLLMRollout(path, tokenizer)
     else:

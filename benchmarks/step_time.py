@@ -46,7 +46,7 @@ VARIANTS = ("before", "after", "after-shared")
 
 def worker(method: str, variant: str, args: argparse.Namespace) -> dict:
     import dppo_core
-    from dppo_core.bench.presets import bench_preset, method_config
+    from dppo_core.tools.bench.presets import bench_preset, method_config
     from dppo_core.trainer import DPPOTrainer
 
     with tempfile.TemporaryDirectory() as out:

@@ -148,7 +148,7 @@ def main() -> int:
             decay = [] if schedule == "constant" else [f"lr_schedule={schedule}", f"min_lr_ratio={args.min_lr_ratio:g}"]
             for lr in args.grid:
                 out = lr_dir(args.output, lr, schedule)
-                cmd = [sys.executable, "-m", "dppo_core.cli", "bench", "--preset", args.preset, "--seeds",
+                cmd = [sys.executable, "-m", "dppo_core.tools.cli", "bench", "--preset", args.preset, "--seeds",
                        str(args.seed), "--methods", *args.methods, "--output-dir", str(out), "--resume",
                        f"learning_rate={lr:g}", *decay]
                 print("$ " + shlex.join(cmd), flush=True)

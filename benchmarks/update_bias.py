@@ -11,7 +11,7 @@ kept busy, load average 4; per-part times in the JSON's ``timings_s``):
 The pruned loss L̂(θ) and its gradient at parameters fixed before the draw are unbiased for full-batch
 GRPO's (tests/test_unbiased.py). What the optimizer does with them is not, and this measures by how much,
 on the embedded warm-started tiny model and the arithmetic task with the ``cpu-full`` bench preset's
-configurations (:func:`dppo_core.bench.presets.method_config`): ``dppo`` (the bench method ``dppo_paper``, what
+configurations (:func:`dppo_core.tools.bench.presets.method_config`): ``dppo`` (the bench method ``dppo_paper``, what
 ``dppo`` was when the results were made: prompt rate 0.8 with the paper
 scheme, completion rate 0.5 proportional to |A|, floors 0.2, fixed-size sampling, packing) against
 ``grpo`` (no pruning), both β = 0, AdamW (betas 0.9, 0.99) at lr 1e-4, ``max_grad_norm`` 1.0, 32 prompts
@@ -75,12 +75,12 @@ from pathlib import Path
 
 import torch
 
-from dppo_core.bench.presets import bench_preset, method_config
 from dppo_core.data import prompt_key
 from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages
 from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.rollout import RolloutBatch
+from dppo_core.tools.bench.presets import bench_preset, method_config
 from dppo_core.trainer import DPPOTrainer, micro_batch_loss
 
 ENV_KEYS = ("DPPO_CACHE_DIR", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")

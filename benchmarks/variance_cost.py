@@ -46,9 +46,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from update_bias import gram, per_completion_grads, trainer_params  # noqa: E402
 
-from dppo_core.bench.presets import bench_preset, method_config  # noqa: E402
 from dppo_core.data import prompt_key  # noqa: E402
 from dppo_core.grpo import group_advantages  # noqa: E402
+from dppo_core.tools.bench.presets import bench_preset, method_config  # noqa: E402
 from dppo_core.trainer import DPPOTrainer  # noqa: E402
 
 #: The schemes compared: overrides of the dppo_paper method (the paper's rule made unbiased: prompt scheme paper

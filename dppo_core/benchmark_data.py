@@ -95,7 +95,7 @@ def _gsm8k_answer(solution: str, where: str) -> str:
 
 
 def _boxed_answer(solution: str, where: str) -> str:
-    from dppo_core.rewards import find_boxed
+    from dppo_core.grading import find_boxed
 
     boxes = find_boxed(solution)
     if not boxes:

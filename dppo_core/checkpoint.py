@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dppo_core.config import ConfigError
-from dppo_core.pruning import PromptHistory
+from dppo_core.history import PromptHistory
 
 CHECKPOINT_PREFIX = "checkpoint-"
 LOG_FILES = ("metrics.jsonl", "eval.jsonl")

@@ -254,10 +254,17 @@ class DPPOConfig:
         self.validate()
 
     def validate(self) -> None:
-        def need(cond: bool, name: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: {msg}")
+        """Raise :class:`ConfigError` naming the first field that is invalid, and how to fix it."""
+        self._validate_sampling_and_objective()
+        self._validate_pruning()
+        self._validate_layout_and_run()
 
+    def _need(self, cond: bool, name: str, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{name}={getattr(self, name)!r}: {msg}")
+
+    def _validate_sampling_and_objective(self) -> None:
+        need = self._need
         need(self.num_generations >= 2, "num_generations",
              "group advantages need at least 2 completions per prompt; use 4-16")
         need(self.prompts_per_step >= 1, "prompts_per_step", "must be at least 1")
@@ -277,6 +284,9 @@ class DPPOConfig:
         need(self.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
         need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
         need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
+
+    def _validate_pruning(self) -> None:
+        need = self._need
         need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {', '.join(PRUNING_MODES)}")
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
@@ -315,6 +325,9 @@ class DPPOConfig:
              "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
         need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
              "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
+
+    def _validate_layout_and_run(self) -> None:
+        need = self._need
         need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {', '.join(UPDATE_MODES)}")
         need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
              f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")

@@ -1,6 +1,6 @@
 """Data-parallel training over ``torch.distributed``: who rolls out what, and what crosses ranks.
 
-Launched by ``torchrun --nproc_per_node N -m dppo_core.cli train ...`` (or ``accelerate launch``), each
+Launched by ``torchrun --nproc_per_node N -m dppo_core train ...`` (or ``accelerate launch``), each
 of the N processes (ranks) runs the same :class:`~dppo_core.trainer.DPPOTrainer` loop. One step:
 
     every rank   select_prompts(step)           same history + same seeded draw -> the same kept list
@@ -67,7 +67,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK"):
             if var not in os.environ:
                 raise RuntimeError(f"WORLD_SIZE={world} but {var} is not set: start data-parallel runs with "
-                                   "`torchrun --nproc_per_node N -m dppo_core.cli train ...` or `accelerate launch`")
+                                   "`torchrun --nproc_per_node N -m dppo_core train ...` or `accelerate launch`")
         if use_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if use_cuda else "gloo")

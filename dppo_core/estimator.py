@@ -42,7 +42,7 @@ import torch
 
 from dppo_core import pruning
 from dppo_core.grpo import group_advantages
-from dppo_core.pruning import PromptHistory
+from dppo_core.history import PromptHistory
 
 
 @dataclass

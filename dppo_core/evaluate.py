@@ -10,6 +10,7 @@ problem it is pass@1 averaged over the k samples. The standard error treats prob
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -217,6 +218,34 @@ class BenchmarkEvaluation:
         }
 
 
+def _scored_completions(name: str, chunk: Sequence, batch, reward_fn) -> list[dict]:
+    """One record per completion of ``batch`` (the problems of ``chunk``, in order), with its reward."""
+    texts = [c.text for g in batch.groups for c in g.completions]
+    answers = [r.answer for r, g in zip(chunk, batch.groups, strict=True) for _ in g.completions]
+    scores = iter(reward_fn(texts, answers))
+    return [{"benchmark": name, "id": r.id, "answer": r.answer, "completion": comp.text, "reward": next(scores),
+             "tokens": comp.length, "finish_reason": comp.finish_reason}
+            for r, g in zip(chunk, batch.groups, strict=True) for comp in g.completions]
+
+
+def _benchmark_result(name: str, correct_counts: list[int], lengths: list[int], cut: int, n: int,
+                      ks: Sequence[int]) -> BenchmarkResult:
+    """pass@k, the standard error of pass@1 over problems, and the completions' lengths, for one benchmark."""
+    per_problem = [c / n for c in correct_counts]
+    m = len(per_problem)
+    mean = sum(per_problem) / m if m else float("nan")
+    var = sum((x - mean) ** 2 for x in per_problem) / (m - 1) if m > 1 else 0.0
+    return BenchmarkResult(
+        name=name,
+        n_problems=m,
+        samples_per_problem=n,
+        pass_at={k: sum(pass_at_k(n, c, k) for c in correct_counts) / m if m else float("nan") for k in ks},
+        stderr=math.sqrt(var / m) if m else float("nan"),
+        mean_completion_tokens=sum(lengths) / len(lengths) if lengths else 0.0,
+        truncated_share=cut / len(lengths) if lengths else 0.0,
+    )
+
+
 def evaluate_benchmarks(
     engine,
     benchmarks: dict[str, Sequence],
@@ -244,7 +273,7 @@ def evaluate_benchmarks(
         chunk_size: problems per ``generate`` call (the progress bar advances per chunk).
         reward_fn: ``fn(completions, answers) -> list[float]``; default :func:`dppo_core.rewards.math_rewards`
             with ``extraction``.
-        extraction: how the default reward finds a completion's answer (:func:`dppo_core.rewards.extract_answer`):
+        extraction: how the default reward finds a completion's answer (:func:`dppo_core.grading.extract_answer`):
             ``"lenient"`` (default: the boxed answer, else the final answer stated in the last sentence or
             display, as math-verify finds it) or ``"strict"`` (the RL reward's: boxed, ``####`` or "the answer
             is"). Recorded in ``settings["extraction"]`` (``"custom"`` with a ``reward_fn``).
@@ -253,7 +282,8 @@ def evaluate_benchmarks(
 
     from tqdm.auto import tqdm
 
-    from dppo_core.rewards import check_mode, math_rewards
+    from dppo_core.grading import check_mode
+    from dppo_core.rewards import math_rewards
 
     ks = sorted({1, *ks})
     if ks[-1] > samples_per_problem:
@@ -282,35 +312,15 @@ def evaluate_benchmarks(
             sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                       seed=seed + start)
             batch = engine.generate([r.messages() for r in chunk], samples_per_problem, sampling)
-            texts = [c.text for g in batch.groups for c in g.completions]
-            answers = [r.answer for r, g in zip(chunk, batch.groups, strict=True) for _ in g.completions]
-            scores = iter(reward_fn(texts, answers))
-            for r, g in zip(chunk, batch.groups, strict=True):
-                c_correct = 0
-                for comp in g.completions:
-                    score = next(scores)
-                    c_correct += int(score == 1.0)
-                    lengths.append(comp.length)
-                    cut += comp.finish_reason == "length"
-                    completions.append({"benchmark": name, "id": r.id, "answer": r.answer,
-                                        "completion": comp.text, "reward": score,
-                                        "tokens": comp.length, "finish_reason": comp.finish_reason})
-                correct_counts.append(c_correct)
+            rows = _scored_completions(name, chunk, batch, reward_fn)
+            completions += rows
+            ends = itertools.accumulate(len(g.completions) for g in batch.groups)
+            correct_counts += [sum(int(r["reward"] == 1.0) for r in rows[end - len(g.completions): end])
+                               for g, end in zip(batch.groups, ends, strict=True)]
+            lengths += [r["tokens"] for r in rows]
+            cut += sum(r["finish_reason"] == "length" for r in rows)
             bar.update(len(chunk))
-        n = samples_per_problem
-        per_problem = [c / n for c in correct_counts]
-        m = len(per_problem)
-        mean = sum(per_problem) / m if m else float("nan")
-        var = sum((x - mean) ** 2 for x in per_problem) / (m - 1) if m > 1 else 0.0
-        results[name] = BenchmarkResult(
-            name=name,
-            n_problems=m,
-            samples_per_problem=n,
-            pass_at={k: sum(pass_at_k(n, c, k) for c in correct_counts) / m if m else float("nan") for k in ks},
-            stderr=math.sqrt(var / m) if m else float("nan"),
-            mean_completion_tokens=sum(lengths) / len(lengths) if lengths else 0.0,
-            truncated_share=cut / len(lengths) if lengths else 0.0,
-        )
+        results[name] = _benchmark_result(name, correct_counts, lengths, cut, samples_per_problem, ks)
     bar.close()
     return BenchmarkEvaluation(results=results, settings=settings, completions=completions)
 

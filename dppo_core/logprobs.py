@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dppo_core.grpo import token_logprobs
+from dppo_core.grpo import token_logprobs, truncated_importance_weights
 
 
 @dataclass
@@ -71,6 +71,20 @@ def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor)
         lp = seqs.engine_logprobs[i]
         grid[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return grid.to(like.device)
+
+
+def engine_weights(config, level: str, seqs: Sequences, idx: Sequence[int], old_logprobs: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
+    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|)."""
+    engine = engine_logprob_grid(seqs, idx, old_logprobs)
+    m = mask.bool()
+    w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level, mask=mask)
+    w = torch.where(m, w, torch.ones_like(w))  # padding: 1 (its loss is masked anyway, and stays finite)
+    diff = (old_logprobs.detach().float() - engine).abs()[m]
+    return w, {"engine_weight_sum": w[m].sum().item(),
+               "engine_truncated": (w[m] >= config.rollout_correction_cap).sum().item(),
+               "engine_logprob_diff_max": diff.max().item() if diff.numel() else 0.0}
 
 
 def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],

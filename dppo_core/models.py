@@ -204,7 +204,7 @@ def build_tokenizer(vocab_size: int = 512, seed: int = 0):
     return wrapped
 
 
-def _qwen3_config(cfg: TinyModelConfig, tokenizer):
+def qwen3_config(cfg: TinyModelConfig, tokenizer):
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -239,7 +239,7 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
+def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary sibling of ``target`` and rename it into place.
 
     A crash or Ctrl-C leaves no half-written ``target``; a concurrent builder that finished first wins.
@@ -286,7 +286,7 @@ def build_tiny_model(
         tokenizer = build_tokenizer(config.vocab_size, seed=config.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            model = Qwen3ForCausalLM(_qwen3_config(config, tokenizer))
+            model = Qwen3ForCausalLM(qwen3_config(config, tokenizer))
         model.generation_config = GenerationConfig(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
@@ -296,7 +296,7 @@ def build_tiny_model(
         tokenizer.save_pretrained(tmp)
         (tmp / "dppo_build.json").write_text(json.dumps({"kind": "tiny", **asdict(config)}, indent=2))
 
-    return _atomic_dir(target, write)
+    return atomic_dir(target, write)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -452,6 +452,45 @@ def _lr_at(step: int, cfg: WarmStartConfig) -> float:
     return cfg.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig, *, progress: bool = True,
+                     log: Callable[[dict], None] | None = None) -> list[float]:
+    """:func:`warm_start`'s training, in place on ``model``: ``config.steps`` AdamW steps on packed worked or
+    direct solutions; returns the loss of every step (rounded to 5 decimals). Leaves ``model`` in eval mode."""
+    from tqdm.auto import tqdm
+
+    model.train()
+    task = ArithmeticTask()
+    rng = random.Random(config.seed)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay
+    )
+    history = []
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        bar = tqdm(range(config.steps), desc="warm start", disable=not progress, mininterval=1.0)
+        for step in bar:
+            problems = task.sample_train(rng, config.batch_size, config.level_weights)
+            styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]
+            examples = [encode_example(tokenizer, p, p.solution(s)) for p, s in zip(problems, styles, strict=True)]
+            batch = pack_examples(examples, config.row_tokens, tokenizer.pad_token_id)
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, config)
+            loss = packed_lm_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            history.append(round(loss.item(), 5))
+            if step % 20 == 0 or step == config.steps - 1:
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+                if log is not None:
+                    log({"step": step, "loss": loss.item(), "lr": _lr_at(step, config),
+                         "elapsed_s": time.perf_counter() - start})
+    model.eval()
+    return history
+
+
 def warm_start(
     config: WarmStartConfig | None = None,
     model_config: TinyModelConfig | None = None,
@@ -488,49 +527,19 @@ def warm_start(
             meta = json.loads((tmp / "warm_start_log.json").read_text())
             (tmp / "warm_start_log.json").write_text(json.dumps({**meta, "source": "shipped"}))
 
-        return _atomic_dir(target, copy)
+        return atomic_dir(target, copy)
     base = build_tiny_model(model_config, cache)
     if len(config.level_weights) != len(LEVELS):
         raise ValueError(f"level_weights needs one weight per level {LEVELS}, got {config.level_weights!r}")
 
     def write(tmp: Path) -> None:
-        from tqdm.auto import tqdm
-
         model, tokenizer = load_model(base)
-        model.train()
-        task = ArithmeticTask()
-        rng = random.Random(config.seed)
-        opt = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay
-        )
-        history = []
         start = time.perf_counter()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            bar = tqdm(range(config.steps), desc="warm start", disable=not progress, mininterval=1.0)
-            for step in bar:
-                problems = task.sample_train(rng, config.batch_size, config.level_weights)
-                styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]
-                examples = [encode_example(tokenizer, p, p.solution(s)) for p, s in zip(problems, styles, strict=True)]
-                batch = pack_examples(examples, config.row_tokens, tokenizer.pad_token_id)
-                for group in opt.param_groups:
-                    group["lr"] = _lr_at(step, config)
-                loss = packed_lm_loss(model, batch)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                history.append(round(loss.item(), 5))
-                if step % 20 == 0 or step == config.steps - 1:
-                    bar.set_postfix(loss=f"{loss.item():.3f}")
-                    if log is not None:
-                        log({"step": step, "loss": loss.item(), "lr": _lr_at(step, config),
-                             "elapsed_s": time.perf_counter() - start})
-        model.eval()
+        history = train_warm_start(model, tokenizer, config, progress=progress, log=log)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         meta = {"kind": "warm_start", "base": base.name, "seconds": round(time.perf_counter() - start, 1),
                 "config": asdict(config), "kernels": kernel_fingerprint(), "loss": history}
         (tmp / "warm_start_log.json").write_text(json.dumps(meta))
 
-    return _atomic_dir(target, write)
+    return atomic_dir(target, write)

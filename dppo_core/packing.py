@@ -195,7 +195,7 @@ def plan_rows(lengths: Sequence[int], max_tokens_per_row: int, window: int = 16,
 # --------------------------------------------------------------------------------------------------
 
 
-def _validate(sequences: Sequence[PackSequence]) -> None:
+def validate_sequences(sequences: Sequence[PackSequence]) -> None:
     if not sequences:
         raise ValueError("nothing to pack: the list of sequences is empty")
     for i, s in enumerate(sequences):
@@ -207,7 +207,7 @@ def _validate(sequences: Sequence[PackSequence]) -> None:
 def build_batch(sequences: Sequence[PackSequence], rows: Sequence[Sequence[int]], row_budget: int,
                 pad_id: int = 0) -> PackedBatch:
     """The tensors of a :class:`PackedBatch` for a given row assignment (each sequence in exactly one row)."""
-    _validate(sequences)
+    validate_sequences(sequences)
     n = len(sequences)
     placed = sorted(i for row in rows for i in row)
     if placed != list(range(n)):
@@ -254,7 +254,7 @@ def pack(sequences: Sequence[PackSequence], max_tokens_per_row: int, window: int
     Never truncates: a sequence longer than the budget raises ``ValueError`` (``oversize="error"``) or gets
     a row of its own (``oversize="own_row"``; that row, and so T, is then longer than the budget).
     """
-    _validate(sequences)
+    validate_sequences(sequences)
     rows = plan_rows([len(s) for s in sequences], max_tokens_per_row, window, oversize)
     return build_batch(sequences, rows, max_tokens_per_row, pad_id)
 
@@ -264,7 +264,7 @@ def pad(sequences: Sequence[PackSequence], pad_id: int = 0) -> PackedBatch:
 
     ``row_budget`` is the longest sequence, so ``budget_density == density``.
     """
-    _validate(sequences)
+    validate_sequences(sequences)
     return build_batch(sequences, [[i] for i in range(len(sequences))], max(len(s) for s in sequences), pad_id)
 
 
@@ -278,7 +278,7 @@ def pack_micro_batches(sequences: Sequence[PackSequence], max_tokens_per_row: in
     """
     if rows_per_micro_batch < 1:
         raise ValueError(f"rows_per_micro_batch must be at least 1, got {rows_per_micro_batch}")
-    _validate(sequences)
+    validate_sequences(sequences)
     rows = plan_rows([len(s) for s in sequences], max_tokens_per_row, window, oversize)
     out = []
     for start in range(0, len(rows), rows_per_micro_batch):

@@ -45,11 +45,11 @@ import torch
 
 from dppo_core.packing import (
     PackSequence,
-    _validate,
     attention_implementation,
     completion_grid,
     model_attention_mask,
     plan_rows,
+    validate_sequences,
 )
 
 #: the attention implementation name under which :func:`segment_attention_forward` is registered in transformers
@@ -127,7 +127,7 @@ def build_shared_batch(sequences: Sequence[PackSequence], segments: Sequence[Seq
 
     ``sequences`` are numbered 0..N-1 and the result's log-probs come back in that order.
     """
-    _validate(sequences)
+    validate_sequences(sequences)
     n = len(sequences)
     if sorted(i for seg in segments for i in seg) != list(range(n)):
         raise ValueError("segments must hold every sequence index 0..N-1 exactly once")
@@ -200,7 +200,7 @@ def shared_prefix_micro_batches(sequences: Sequence[PackSequence], max_tokens_pe
     """
     if rows_per_micro_batch < 1:
         raise ValueError(f"rows_per_micro_batch must be at least 1, got {rows_per_micro_batch}")
-    _validate(sequences)
+    validate_sequences(sequences)
     if one_row:
         budget = None if max_tokens_per_row is None else max_tokens_per_row * rows_per_micro_batch
         segments = plan_segments(sequences, budget)

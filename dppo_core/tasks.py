@@ -247,7 +247,7 @@ def parse_boxed_int(text: str) -> int | None:
     """The integer inside the last ``\\boxed{...}`` of ``text``, or None.
 
     A strict, fast check for the embedded task, where answers are integers. General answer extraction
-    and equivalence (fractions, LaTeX, units) live in :mod:`dppo_core.rewards`.
+    and equivalence (fractions, LaTeX, units) live in :mod:`dppo_core.grading`.
     """
     start = text.rfind("\\boxed{")
     if start < 0:

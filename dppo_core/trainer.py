@@ -54,11 +54,12 @@ from dppo_core.distributed import (
     shard,
 )
 from dppo_core.estimator import Selection, Weighting, make_estimator
-from dppo_core.grpo import group_advantages, policy_loss, truncated_importance_weights
-from dppo_core.logprobs import Sequences, engine_logprob_grid, layout_micro_batches
+from dppo_core.grpo import group_advantages, policy_loss
+from dppo_core.history import PromptHistory
+from dppo_core.logprobs import Sequences, engine_weights, layout_micro_batches
 from dppo_core.packing import attention_implementation
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
-from dppo_core.pruning import PromptHistory, effective_sample_size
+from dppo_core.pruning import effective_sample_size
 from dppo_core.rollout import RolloutBatch, SamplingConfig
 from dppo_core.shared_prefix import NAME as SEGMENTS
 
@@ -90,7 +91,7 @@ def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: to
     Each sequence carries its weight, and the normalisers are the step's (``num_sequences`` = C for ``grpo``
     and ``dr_grpo``, every rolled-out completion token for ``dapo``), so the micro-batches' losses add up to
     the step's pruned loss L̂(θ) whatever the layout. ``engine_weights`` (N, T): the rollout correction's
-    per-token factors (:func:`engine_weights`), None when it is off.
+    per-token factors (:func:`dppo_core.logprobs.engine_weights`), None when it is off.
     """
     c = config
     return policy_loss(logprobs, seqs.advantages[idx].to(logprobs.device), mask, old_logprobs=old_logprobs,
@@ -98,20 +99,6 @@ def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: to
                        epsilon=c.epsilon, epsilon_high=c.epsilon_high, loss_type=c.loss_type,
                        num_sequences=seqs.num_sequences, max_completion_length=c.max_completion_length,
                        num_tokens=seqs.global_rolled_out_tokens, token_weights=engine_weights)
-
-
-def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Any, old_logprobs: torch.Tensor,
-                   mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
-    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|)."""
-    engine = engine_logprob_grid(seqs, idx, old_logprobs)
-    m = mask.bool()
-    w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level, mask=mask)
-    w = torch.where(m, w, torch.ones_like(w))  # padding: 1 (its loss is masked anyway, and stays finite)
-    diff = (old_logprobs.detach().float() - engine).abs()[m]
-    return w, {"engine_weight_sum": w[m].sum().item(),
-               "engine_truncated": (w[m] >= config.rollout_correction_cap).sum().item(),
-               "engine_logprob_diff_max": diff.max().item() if diff.numel() else 0.0}
 
 
 @dataclass

@@ -385,7 +385,7 @@ def test_vllm_auto_falls_back_to_transformers(small_model, tmp_path):
 
 
 def _eval_fails(argv, capsys) -> str:
-    from dppo_core.cli import main
+    from dppo_core.tools.cli import main
 
     t0 = time.perf_counter()
     assert main(["eval", *argv]) == 2
@@ -402,7 +402,7 @@ def test_eval_unknown_benchmark(small_model_dir, capsys):
 
 
 def test_eval_benchmark_without_local_copy_offline(small_model_dir, monkeypatch, capsys):
-    import dppo_core.cli as cli
+    import dppo_core.tools.cli as cli
 
     monkeypatch.delenv("DPPO_DATA_DIR", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the Hub probe finds offline, without probing

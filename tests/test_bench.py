@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_core import bench
-from dppo_core.bench import (
+from dppo_core.config import ConfigError, DPPOConfig, preset
+from dppo_core.tools import bench
+from dppo_core.tools.bench import (
     BENCH_PRESETS,
     METHOD_OVERRIDES,
     METHODS,
@@ -29,8 +30,7 @@ from dppo_core.bench import (
     token_cost_bound,
     trl_grpo_args,
 )
-from dppo_core.cli import main as cli_main
-from dppo_core.config import ConfigError, DPPOConfig, preset
+from dppo_core.tools.cli import main as cli_main
 from dppo_core.trainer import build_prompt_source
 
 PHASES = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -220,15 +220,16 @@ def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(
     assert json.loads((tmp_path / "bench.json").read_text())["preset"] == "mine"
 
 
-def test_the_readme_results_table_is_generated_from_the_committed_bench_json():
-    """README.md's cpu-full table is format_markdown of benchmarks/results/cpu-full/bench.json, with its command
-    (rewrite it with `dppo bench --preset cpu-full --output-dir benchmarks/results/cpu-full --summarize
-    --readme README.md`)."""
+@pytest.mark.parametrize("preset", ["cpu-full", "cpu-baselines", "cpu-peers"])
+def test_the_readme_results_table_is_generated_from_the_committed_bench_json(preset):
+    """Each marked table of docs/benchmarks.md (moved there from README.md) is format_markdown of
+    benchmarks/results/PRESET/bench.json, with its command (rewrite it with `dppo bench --preset PRESET
+    --output-dir benchmarks/results/PRESET --summarize --readme docs/benchmarks.md`)."""
     root = Path(__file__).resolve().parents[1]
-    result = json.loads((root / "benchmarks/results/cpu-full/bench.json").read_text())
-    assert result["preset"] == "cpu-full" and result["command"].startswith("dppo bench --preset cpu-full")
-    start, end = (m.format(preset="cpu-full") for m in bench.README_MARKERS)
-    table = (root / "README.md").read_text().split(start)[1].split(end)[0]
+    result = json.loads((root / f"benchmarks/results/{preset}/bench.json").read_text())
+    assert result["preset"] == preset and result["command"].startswith(f"dppo bench --preset {preset}")
+    start, end = (m.format(preset=preset) for m in bench.README_MARKERS)
+    table = (root / "docs" / "benchmarks.md").read_text().split(start)[1].split(end)[0]
     assert table.strip() == bench.format_markdown(result, result["command"])
 
 
@@ -527,8 +528,8 @@ def test_trl_dppo_is_the_dppo_configuration_run_by_trl_without_packing(tmp_path)
     assert bench.method_settings(BENCH_PRESETS["cpu-full"], "trl_dppo") == {
         **METHOD_OVERRIDES["dppo"], **bench.CPU_BENCH_METHODS.get("dppo", {}), "packing": False, "dense_prompts": False}
     # the peer's trainer gets DPPO's estimator of that configuration; TRL's plain GRPOTrainer gets nothing extra
-    from dppo_core.bench.peers import peer_trainer_kwargs
     from dppo_core.estimator import DPPOEstimator
+    from dppo_core.tools.bench.peers import peer_trainer_kwargs
 
     estimator = peer_trainer_kwargs("trl_dppo", trl)["estimator"]
     assert isinstance(estimator, DPPOEstimator) and estimator.prompt_prune_rate == 0.25

@@ -15,7 +15,8 @@ from dppo_core.benchmark_data import (
     load_benchmark,
     read_jsonl,
 )
-from dppo_core.rewards import extract_answer, math_reward, math_rewards, parse_number, parse_written_number
+from dppo_core.grading import extract_answer, parse_number, parse_written_number
+from dppo_core.rewards import math_reward, math_rewards
 
 SIZES = {"gsm8k": 1319, "math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 674}
 

@@ -1,4 +1,4 @@
-"""The committed results say what the README says they say.
+"""The committed results say what the documentation (README.md, docs/training.md, docs/benchmarks.md) says they say.
 
 These tests read files under benchmarks/results (no model, no training): the learning curves of the
 tiny-grpo preset over three seeds must show what the project promises of its embedded setting (see
@@ -75,6 +75,20 @@ def test_every_committed_result_says_what_made_it():
         name = entry.stem.split(".")[0] if entry.is_file() else entry.name
         assert f"`results/{name}" in table, f"benchmarks/README.md does not say what made results/{entry.name}"
     assert (RESULTS / "archive" / "README.md").is_file()
+
+
+def test_the_readme_headline_is_the_committed_cpu_baselines_table():
+    """Every speedup with an interval in README.md's Results section is in docs/benchmarks.md's cpu-baselines table,
+    which test_bench.py keeps equal to benchmarks/results/cpu-baselines/bench.json; the command and figure named."""
+    readme = (ROOT / "README.md").read_text()
+    results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    start, end = "<!-- bench:cpu-baselines:start -->", "<!-- bench:cpu-baselines:end -->"
+    table = (ROOT / "docs" / "benchmarks.md").read_text().split(start)[1].split(end)[0]
+    quoted = re.findall(r"\d+\.\d+x \[\d+\.\d+, \d+\.\d+\]", " ".join(results.split()))
+    assert len(quoted) >= 2, results
+    assert [q for q in quoted if q not in table] == [], "README.md quotes figures the committed table does not hold"
+    assert "`dppo bench --preset cpu-baselines --output-dir benchmarks/results/cpu-baselines`" in results
+    assert "](benchmarks/results/cpu-baselines/accuracy_vs_time.png)" in results
 
 
 def test_links_to_files_in_the_documentation_resolve():

@@ -84,7 +84,7 @@ def test_each_enumeration_is_defined_once_in_the_config():
 def test_train_help_lists_every_field_with_its_default_and_doc(capsys):
     from dataclasses import fields
 
-    from dppo_core.cli import main
+    from dppo_core.tools.cli import main
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -1,4 +1,4 @@
-"""``dppo_core.course.check``: an exercise cell's feedback is the solution's own asserts, run on the student's code."""
+"""``dppo_core.tools.course.check``: an exercise's feedback is the solution's asserts, run on the student's code."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_core.course import CPU_KERNEL_PINS, check, load_solutions, pin_cpu_kernels
+from dppo_core.tools.course import CPU_KERNEL_PINS, check, load_solutions, pin_cpu_kernels
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +89,7 @@ def test_a_class_piece_that_is_still_a_stub_is_not_done_yet(capsys):
 
 def test_the_checks_run_under_python_dash_o():
     """The asserts are the checks: compiled with optimize=0 they run even when Python strips asserts."""
-    code = ("from dppo_core.course import check; import sys; "
+    code = ("from dppo_core.tools.course import check; import sys; "
             "sys.exit(0 if not check('ch03_grpo', 1, my_k3=lambda logp, ref: logp * 0) else 1)")
     done = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1] / "notebooks")
@@ -107,8 +107,8 @@ def test_a_wrong_piece_name_or_file_is_a_clear_error():
 
 def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch, capsys):
     """Opened alone (Colab) the file comes from the repository: here the download is replaced by the file's text."""
-    import dppo_core.bench.report as report
-    import dppo_core.course as course
+    import dppo_core.tools.bench.report as report
+    import dppo_core.tools.course as course
 
     text = (Path(__file__).resolve().parents[1] / "notebooks/solutions/ch03_grpo.py").read_text()
     asked = []
@@ -136,7 +136,7 @@ def test_pin_cpu_kernels_sets_them_before_torch_loads(tmp_path):
     no_avx2 = tmp_path / "cpuinfo-arm"
     no_avx2.write_text("Features\t: fp asimd\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
-    code = (f"from dppo_core.course import pin_cpu_kernels; print(pin_cpu_kernels({str(no_avx2)!r})); "
+    code = (f"from dppo_core.tools.course import pin_cpu_kernels; print(pin_cpu_kernels({str(no_avx2)!r})); "
             f"print(pin_cpu_kernels({str(cpuinfo)!r})); import torch; "
             "print(torch.backends.cpu.get_cpu_capability())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

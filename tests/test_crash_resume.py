@@ -1,7 +1,7 @@
 """Crash safety: a run killed with SIGKILL at random moments, and resumed each time, ends equal to a run
 that was never interrupted; no kill leaves a half-written checkpoint.
 
-Training goes through the real CLI (``python -m dppo_core.cli train ... --resume``) in subprocesses, in
+Training goes through the real CLI (``python -m dppo_core.tools.cli train ... --resume``) in subprocesses, in
 deterministic CPU mode, on a small model warm-started on one-digit sums (so rewards have signal and the
 weights change) and a jsonl task of 8 such problems (so prompts come back and DPPO's prompt pruning reads
 the prompt history that checkpoints carry), with completion pruning and packing on. The kill moments come
@@ -47,7 +47,7 @@ def _command(out: Path, model: Path, task: Path) -> list[str]:
         "packing": "true", "max_tokens_per_row": 128, "packing_rows_per_micro_batch": 2, "save_steps": 1,
         "eval_steps": 0, "rollout_engine": "hf", "device": "cpu", "deterministic": "true", "tensorboard": "false",
     }
-    return [sys.executable, "-m", "dppo_core.cli", "train", "--preset", "tiny-dppo", "--output-dir", str(out),
+    return [sys.executable, "-m", "dppo_core.tools.cli", "train", "--preset", "tiny-dppo", "--output-dir", str(out),
             "--max-steps", str(MAX_STEPS), *(f"{k}={v}" for k, v in overrides.items())]
 
 

@@ -125,7 +125,7 @@ def test_two_gloo_ranks_update_like_one_process(small_model_dir, tmp_path, name)
 
 def test_torchrun_cli_logs_once_checkpoints_and_resumes(small_model_dir, tmp_path):
     out = tmp_path / "run"
-    args = ["-m", "dppo_core.cli", "train", "--output-dir", str(out), f"model={small_model_dir}",
+    args = ["-m", "dppo_core.tools.cli", "train", "--output-dir", str(out), f"model={small_model_dir}",
             "prompts_per_step=4", "num_generations=4", "max_completion_length=12", "train_levels=[2,3]",
             "eval_problems_per_level=3", "eval_samples=1", "save_steps=1", "rollout_engine=hf",
             "pruning=dppo", "completion_prune_rate=0.5", "packing=true"]

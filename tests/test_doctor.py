@@ -11,8 +11,8 @@ from collections import namedtuple
 
 import pytest
 
-from dppo_core import cli, doctor
-from dppo_core.doctor import STATUSES, Check, exit_code, format_check, run_checks
+from dppo_core.tools import cli, doctor
+from dppo_core.tools.doctor import STATUSES, Check, exit_code, format_check, run_checks
 
 
 def _fail_import(monkeypatch, *names: str) -> None:
@@ -60,7 +60,7 @@ def test_tiny_model_check_builds_and_runs_it():
 
 def test_cli_quick_exits_0_with_ok_lines():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "dppo_core.cli", "doctor", "--quick"],
+    proc = subprocess.run([sys.executable, "-m", "dppo_core.tools.cli", "doctor", "--quick"],
                           capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

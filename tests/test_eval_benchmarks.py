@@ -9,9 +9,9 @@ import math
 import pytest
 
 from dppo_core.benchmark_data import BenchmarkRecord
-from dppo_core.cli import main
 from dppo_core.evaluate import evaluate_benchmarks, pass_at_k
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
+from dppo_core.tools.cli import main
 
 
 @pytest.mark.parametrize("n, c, k", [(5, 0, 1), (5, 2, 1), (5, 2, 2), (5, 2, 3), (5, 3, 3), (5, 5, 5), (10, 1, 4)])

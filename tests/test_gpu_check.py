@@ -13,11 +13,13 @@ import sys
 import pytest
 import torch
 
-from dppo_core import cli, gpu_check
-from dppo_core.bench import BENCH_PRESETS, BenchError, BenchPreset, run_bench
 from dppo_core.config import ConfigError, DPPOConfig
-from dppo_core.doctor import Check
-from dppo_core.gpu_check import FP32, STEP_METHODS, build_shaped_model, packing_case, synthetic_reward
+from dppo_core.shapes import SHAPES, build_shaped_model
+from dppo_core.tools import cli, gpu_check
+from dppo_core.tools.bench import BENCH_PRESETS, BenchError, BenchPreset, run_bench
+from dppo_core.tools.bench.systems import synthetic_reward
+from dppo_core.tools.doctor import Check
+from dppo_core.tools.gpu_check import FP32, STEP_METHODS, packing_case
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode; on CUDA run `dppo doctor --gpu`")
 
@@ -31,7 +33,7 @@ def shaped_dir(cache_dir):
 
 def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
     env = {**os.environ, "DPPO_CACHE_DIR": str(cache_dir), "VLLM_LOGGING_LEVEL": "ERROR"}
-    proc = subprocess.run([sys.executable, "-m", "dppo_core.cli", "doctor", "--gpu", "--shape", "tiny"],
+    proc = subprocess.run([sys.executable, "-m", "dppo_core.tools.cli", "doctor", "--gpu", "--shape", "tiny"],
                           capture_output=True, text=True, timeout=900, env=env)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
@@ -68,7 +70,7 @@ def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):
 
 
 def test_lean_decode_check_passes_and_fails_on_a_wrong_step(shaped_dir, monkeypatch):
-    from dppo_core.lean_decode import LeanDecoder
+    from dppo_core.engines.lean_decode import LeanDecoder
 
     c = gpu_check.check_lean_decode(shaped_dir, torch.device("cpu"))
     assert c.status == "OK" and "bit for bit" in c.detail, c
@@ -146,10 +148,10 @@ def test_the_shaped_model_has_qwen3_layers_and_the_embedded_tokenizer(cache_dir)
     path = build_shaped_model("tiny", cache_dir, dtype="float32")
     assert build_shaped_model("tiny", cache_dir, dtype="float32") == path  # built once
     cfg = json.loads((path / "config.json").read_text())
-    shape = gpu_check.SHAPES["tiny"]
+    shape = SHAPES["tiny"]
     assert cfg["model_type"] == "qwen3" and cfg["hidden_size"] == shape.hidden_size
     assert cfg["num_hidden_layers"] == shape.num_hidden_layers and cfg["tie_word_embeddings"] is True
-    big = gpu_check.SHAPES["qwen3-1.7b"]  # Qwen/Qwen3-1.7B's config.json
+    big = SHAPES["qwen3-1.7b"]  # Qwen/Qwen3-1.7B's config.json
     assert (big.hidden_size, big.intermediate_size, big.num_hidden_layers, big.num_attention_heads,
             big.num_key_value_heads, big.head_dim) == (2048, 6144, 28, 16, 8, 128)
     with pytest.raises(ValueError, match="unknown model shape 'qwen9'.*qwen3-1.7b"):

@@ -1,11 +1,11 @@
-"""The lean decode step (dppo_core.lean_decode) against the model's own forward: the same logits bit for bit."""
+"""The lean decode step (dppo_core.engines.lean_decode) against the model's own forward: the same logits bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dppo_core.lean_decode import LeanDecoder, compare_with_forward
+from dppo_core.engines.lean_decode import LeanDecoder, compare_with_forward
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.tasks import ArithmeticTask

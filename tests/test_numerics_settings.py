@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-from dppo_core.course import CPU_KERNEL_PINS
 from dppo_core.models import KERNEL_SETTINGS
+from dppo_core.tools.course import CPU_KERNEL_PINS
 
 PROBE = r"""
 import json, torch

@@ -36,7 +36,7 @@ def test_torch_is_pinned_to_the_cpu_build_in_the_constraints():
 
 
 def test_cli_help_lists_the_commands():
-    out = subprocess.run([sys.executable, "-m", "dppo_core.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "dppo_core.tools.cli", "--help"], capture_output=True, text=True,
                          check=True).stdout
     for command in ("demo", "build"):
         assert command in out
@@ -86,37 +86,132 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
     assert checked > 40
 
 
-#: The layers of docs/architecture.md, lowest first; a module may import its own layer and the ones below.
+#: The layers of docs/architecture.md, lowest first; a module may import its own layer and the ones below. Keys are
+#: a module's name under ``dppo_core`` (``engines`` and ``tools`` hold their submodules).
 LAYERS = [
-    {"config", "grpo", "pruning", "packing", "varlen", "shared_prefix", "rewards", "tasks", "benchmark_data", "models"},
-    {"estimator"},
-    {"rollout", "lean_decode", "vllm_engine"},
-    {"trainer", "data", "policy", "logprobs", "checkpoint", "distributed", "evaluate"},
-    {"cli", "bench", "doctor", "gpu_check", "course", "integrations"},
+    {"config", "varlen", "distributed", "grading", "history"},
+    {"grpo", "pruning", "packing", "shared_prefix", "rewards", "tasks", "benchmark_data", "models", "shapes"},
+    {"estimator", "engines", "rollout"},
+    {"trainer", "data", "policy", "logprobs", "checkpoint", "evaluate"},
+    {"integrations"},
+    {"tools", "__main__"},  # __main__: `python -m dppo_core` is the dppo command
 ]
 
 
-def test_lower_layers_never_import_higher_ones():
+def _package_imports() -> dict[str, list[tuple[str, str]]]:
+    """Every module of the package (dotted name) and what it imports from the package, at module level or inside
+    a function alike: ``[(imported module, imported name or "")]``. ``from dppo_core.x import y`` counts as an
+    import of ``dppo_core.x.y`` where that is a module, else of ``dppo_core.x`` (name ``y``)."""
     import ast
 
-    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
     pkg = ROOT / "dppo_core"
-    wrong = []
+    modules = {}
     for path in sorted(pkg.rglob("*.py")):
-        if path.name == "__init__.py" and path.parent == pkg:
-            continue  # the package's lazy re-exports
-        module = path.relative_to(pkg).parts[0].removesuffix(".py")
-        assert module in layer, f"dppo_core.{module} is in no layer of docs/architecture.md"
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, list[tuple[str, str]]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = []
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dppo_core"):
-                parts = node.module.split(".")
-                targets = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package of this module
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+                if not base.startswith("dppo_core"):
+                    continue
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    edges.append((sub, "") if sub in modules else (base, alias.name))
             elif isinstance(node, ast.Import):
-                targets = [a.name.split(".")[1] for a in node.names if a.name.startswith("dppo_core.")]
-            wrong += [f"dppo_core.{module} imports dppo_core.{t}" for t in targets
-                      if t in layer and layer[t] > layer[module]]
-    assert not wrong, wrong
+                edges += [(a.name, "") for a in node.names if a.name.startswith("dppo_core")]
+        graph[name] = [(m, n) for m, n in edges if m != name]
+    return graph
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_cycle_no_upward_arrow_and_no_private_import():
+    """Every import counts, inside functions too: no two modules import each other through any chain, no module
+    imports a higher layer's (the library never imports ``dppo_core.tools``), and no module imports a name that
+    starts with ``_`` from another. The package's own ``__init__`` re-exports are edges like any other."""
+    graph = _package_imports()
+    arrows = {m: sorted({t for t, _ in edges if t.startswith("dppo_core.") or t == "dppo_core"})
+              for m, edges in graph.items()}
+    # a submodule importing its package's __init__ (e.g. ``from dppo_core.tools.bench.x import y`` loads it) is
+    # not an arrow of the code; the package's __init__ importing its submodules is
+    cycles = _cycles({m: [t for t in ts if not m.startswith(t + ".")] for m, ts in arrows.items()})
+    assert not cycles, f"import cycles: {cycles}"
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+    def layer_of(module: str) -> int:
+        key = module.split(".")[1] if "." in module else None
+        assert key is None or key in layer, f"{module} is in no layer of LAYERS (and of docs/architecture.md)"
+        return len(LAYERS) if key is None else layer[key]  # the package's __init__: the public surface, on top
+
+    upward = [f"{m} imports {t}" for m, ts in arrows.items() for t in ts if layer_of(t) > layer_of(m)]
+    assert not upward, upward
+    private = [f"{m} imports {t}.{n}" for m, edges in graph.items() for t, n in edges if n.startswith("_")
+               and n != "__version__"]
+    assert not private, private
+
+
+def _library_files() -> list[Path]:
+    pkg = ROOT / "dppo_core"
+    return [p for p in sorted(pkg.rglob("*.py")) if "tools" not in p.relative_to(pkg).parts]
+
+
+def test_library_modules_and_functions_stay_small():
+    """No library module over 600 lines, no library function over 65 lines of code (its docstring not counted):
+    the tools (``dppo_core/tools``) are exempt, the library is what a reader studies."""
+    import ast
+
+    long_modules = [f"{p.relative_to(ROOT)}: {n}" for p in _library_files()
+                    if (n := len(p.read_text().splitlines())) > 600]
+    assert not long_modules, long_modules
+    long_functions = []
+    for path in _library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = node.body[0]
+                doc = (first.end_lineno - first.lineno + 1 if isinstance(first, ast.Expr)
+                       and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) else 0)
+                if (n := node.end_lineno - node.lineno + 1 - doc) > 65:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n}")
+    assert not long_functions, long_functions
 
 
 def test_bitsandbytes_kernel_notice_is_dropped_and_other_warnings_are_not():

@@ -9,17 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dppo_core.rewards import (
-    accuracy_reward,
-    combine_rewards,
-    extract_answer,
-    fast_equivalence,
-    format_reward,
-    math_reward,
-    math_rewards,
-    parse_number,
-    symbolic_equivalence,
-)
+from dppo_core.grading import extract_answer, fast_equivalence, parse_number, symbolic_equivalence
+from dppo_core.rewards import accuracy_reward, combine_rewards, format_reward, math_reward, math_rewards
 
 # A comparison that SymPy cannot finish in any reasonable time (it tries to evaluate the tower).
 PATHOLOGICAL = "9^{9^{9^{9}}}"

@@ -199,13 +199,13 @@ def test_sampling_config_validation():
 
 
 def test_the_vllm_engine_is_importable_from_rollout_without_importing_vllm():
-    # dppo_core.rollout keeps the engine-independent pieces; VLLMRollout lives in dppo_core.vllm_engine and is
+    # dppo_core.rollout gathers the engines; VLLMRollout lives in dppo_core.engines.vllm and is
     # re-exported lazily, and neither module imports vLLM until an engine starts.
     import subprocess
     import sys
 
     code = ("import sys\n"
-            "import dppo_core.rollout as r, dppo_core.vllm_engine as v\n"
+            "import dppo_core.rollout as r, dppo_core.engines.vllm as v\n"
             "assert r.VLLMRollout is v.VLLMRollout and r.WeightSyncError is v.WeightSyncError\n"
             "assert r.checkpoint_weights is v.checkpoint_weights\n"
             "from dppo_core.rollout import VLLMRollout  # noqa: F401\n"
@@ -358,12 +358,12 @@ def test_compact_loop_warns_about_generation_config_processors_it_does_not_apply
 
 
 def test_a_cache_that_cannot_drop_rows_falls_back_to_generate(warm_model, mixed_prompts, monkeypatch):
-    import dppo_core.rollout as rollout
+    import dppo_core.engines.hf as hf_engine
 
     model, tok = warm_model
     sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=4)
     reference = HFRollout(model, tok, decode="generate").generate(mixed_prompts[:3], G, sampling)
-    monkeypatch.setattr(rollout, "_rows_can_leave", lambda cache: False)
+    monkeypatch.setattr(hf_engine, "_rows_can_leave", lambda cache: False)
     rows, handle = _decode_rows(model)
     try:
         with pytest.warns(UserWarning, match="decoding with transformers generate"):

@@ -12,9 +12,9 @@ import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.grpo import policy_loss, truncated_importance_weights
-from dppo_core.logprobs import Sequences
+from dppo_core.logprobs import Sequences, engine_weights
 from dppo_core.rollout import HFRollout
-from dppo_core.trainer import DPPOTrainer, engine_weights, micro_batch_loss
+from dppo_core.trainer import DPPOTrainer, micro_batch_loss
 
 pytestmark = pytest.mark.numerics
 

@@ -73,7 +73,7 @@ def test_learning_rate_schedules_warm_up_then_decay_to_the_floor():
 def test_the_trl_peer_gets_the_same_schedule_after_the_warm_up(kw, trl_kw):
     from transformers import get_scheduler
 
-    from dppo_core.bench.peers import trl_lr_schedule
+    from dppo_core.tools.bench.peers import trl_lr_schedule
 
     config = DPPOConfig(learning_rate=2e-4, max_steps=10, warmup_steps=3, **kw)
     assert trl_lr_schedule(config) == trl_kw

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 
 from dppo_core import shared_prefix, varlen
 from dppo_core.config import ConfigError, DPPOConfig
-from dppo_core.gpu_check import FP32, boundary_crossing, build_shaped_model, packing_case, random_sequences
 from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.packing import PackSequence, pack, packed_completion_logprobs, varlen_boundaries
 from dppo_core.policy import attention_kernel
+from dppo_core.shapes import build_shaped_model
+from dppo_core.tools.gpu_check import FP32, boundary_crossing, packing_case, random_sequences
 
 pytestmark = pytest.mark.numerics  # compares computed numbers: run under both kernel settings (Makefile)
 

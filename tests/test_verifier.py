@@ -16,18 +16,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dppo_core.benchmark_data import EVAL_SUITE, BenchmarkRecord, load_benchmark
-from dppo_core.rewards import (
+from dppo_core.grading import (
     LENIENT,
     STRICT,
     extract_answer,
     fast_equivalence,
     final_statement,
-    math_reward,
-    math_rewards,
     matrix_cells,
     parse_written_number,
     symbolic_equivalence,
 )
+from dppo_core.rewards import math_reward, math_rewards
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +177,7 @@ def test_lenient_extraction_on_real_solutions(suite, benchmarks_dir):
     """MATH-500 reference solutions with their boxes and closing "The answer is: ..." removed: the answer is
     then only stated in the text, as in a completion that forgot the box."""
     from dppo_core.benchmark_data import BOX_INSTRUCTION, read_jsonl
-    from dppo_core.rewards import find_boxed
+    from dppo_core.grading import find_boxed
 
     solutions = {s.problem.strip(): s.solution for s in read_jsonl(benchmarks_dir / "math500_solutions.jsonl")}
     texts, golds = [], []
@@ -339,7 +338,7 @@ def test_evaluate_benchmarks_is_lenient_by_default():
 
 @pytest.mark.parametrize("flag", [[], ["--extraction", "strict"]])
 def test_dppo_eval_says_which_extraction(tiny_model_dir, tmp_path, capsys, flag):
-    from dppo_core.cli import main
+    from dppo_core.tools.cli import main
 
     data = tmp_path / "mine.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")

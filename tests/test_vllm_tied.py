@@ -25,7 +25,8 @@ def _max_diff(a, b):
 
 
 def test_full_sync_reaches_a_tied_lm_head(cache_dir):
-    from dppo_core.gpu_check import _perturb, build_shaped_model
+    from dppo_core.shapes import build_shaped_model
+    from dppo_core.tools.gpu_check import _perturb
 
     tied_dir = build_shaped_model("tiny", cache_dir, dtype="float32")
     model, tok = load_model(tied_dir)

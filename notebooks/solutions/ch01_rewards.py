@@ -11,7 +11,8 @@ from fractions import Fraction
 from itertools import combinations
 
 from dppo_core.evaluate import pass_at_k
-from dppo_core.rewards import REL_TOL, format_reward, numbers_equal, parse_number
+from dppo_core.grading import REL_TOL, numbers_equal, parse_number
+from dppo_core.rewards import format_reward
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: scientific notation in the numeric fast path
@@ -48,7 +49,7 @@ def exercise_1(my_number_sci=my_number_sci) -> None:
         assert isinstance(my_number_sci(s), Fraction), f"{s!r}: return a Fraction (exact), not {type(my_number_sci(s))}"
     assert my_number_sci("6.5 \\times 10^{-2}") == my_number_sci("0.065") == Fraction(13, 200)
     assert my_number_sci("1.2e-8") == Fraction(12, 10**9)                 # exactly: Fraction(1.2e-8) is not
-    print(f"my_number_sci == dppo_core.rewards.parse_number on {len(cases)} answers, scientific notation included")
+    print(f"my_number_sci == dppo_core.grading.parse_number on {len(cases)} answers, scientific notation included")
     # 1.24e-8 and 1.25e-8 differ by 0.8% of their size: two different measurements, not a rounding of one
     # number. A tolerance on the absolute difference (1e-10 < 1e-6) would call them equal; the package's
     # tolerance is relative (REL_TOL of the larger magnitude), so tiny numbers are compared at their scale.

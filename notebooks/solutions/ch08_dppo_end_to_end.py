@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 
-from dppo_core.bench import compare, crossing_time, time_to_target, token_cost_bound
+from dppo_core.tools.bench import compare, crossing_time, time_to_target, token_cost_bound
 from dppo_core.packing import PackSequence, pack, pad, plan_rows
 
 # --------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dppo_core.bench.presets import (
+from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
     METHODS,
     PHASES,
@@ -26,7 +26,7 @@ from dppo_core.bench.presets import (
     method_settings,
     run_dir,
 )
-from dppo_core.bench.summary import (
+from dppo_core.tools.bench.summary import (
     aggregate_runs,
     compare,
     paired_speedups,
@@ -56,7 +56,7 @@ def describe_machine() -> str:
             f"{platform.system()}")
 
 
-def _versions() -> dict[str, str | None]:
+def package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     out: dict[str, str | None] = {"python": platform.python_version()}
@@ -125,7 +125,7 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "method_overrides": {m: method_settings(preset, m) for m in methods},
         "configs": configs,
         "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
-        "versions": _versions(),
+        "versions": package_versions(),
         "notes": dict(NOTES),
         "runs": [r for rs in runs.values() for r in rs],
     }
@@ -208,11 +208,11 @@ def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequen
 # --------------------------------------------------------------------------------------------------
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
+def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
@@ -227,13 +227,13 @@ def format_table(result: Mapping[str, Any]) -> str:
         acc = m["accuracy"]
         sp = result["speedup_vs_grpo"][name]
         tokens = m["tokens"]
-        after = f"{_fmt(acc['after'])} ± {_fmt(acc['after_std'])}"
-        ttt = _fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
+        after = f"{fmt(acc['after'])} ± {fmt(acc['after_std'])}"
+        ttt = fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
         lines.append(
-            f"{name:<{w}} {m['steps']:>5} {_fmt(acc['before']):>10} {after:>15} {ttt:>9} "
-            f"{m['step_time_s']['median']:>7.2f} {_fmt(sp['step_time'], '.2f'):>6} {_fmt(sp['wall'], '.2f'):>6} "
-            f"{_fmt(sp['time_to_target'], '.2f'):>8} {_fmt(result['token_cost_bound'][name], '.2f'):>6} "
-            f"{_fmt(result['fraction_of_bound'][name], '.2f'):>8} {tokens['generated']:>10,} {tokens['trained']:>10,} "
+            f"{name:<{w}} {m['steps']:>5} {fmt(acc['before']):>10} {after:>15} {ttt:>9} "
+            f"{m['step_time_s']['median']:>7.2f} {fmt(sp['step_time'], '.2f'):>6} {fmt(sp['wall'], '.2f'):>6} "
+            f"{fmt(sp['time_to_target'], '.2f'):>8} {fmt(result['token_cost_bound'][name], '.2f'):>6} "
+            f"{fmt(result['fraction_of_bound'][name], '.2f'):>8} {tokens['generated']:>10,} {tokens['trained']:>10,} "
             f"{tokens['trained'] / max(1, tokens['row_capacity']):>7.2f}")
     seeds = result["seeds"]
     lines.append(f"\nsampled accuracy (T=1) on held-out problems, mean over the trained levels, {len(seeds)} seed(s) "
@@ -261,19 +261,19 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
         reached = m.get("time_to_target_reached", "")
         ttt_text = f"{ttt / 60:.1f} min" if ttt is not None else f"not reached ({reached})"
         spread = f" ± {acc['after_std']:.3f}" if len(seeds) > 1 else ""
-        speedups = " / ".join(_fmt(sp[k], ".2f", "x") for k in ("step_time", "wall", "time_to_target"))
+        speedups = " / ".join(fmt(sp[k], ".2f", "x") for k in ("step_time", "wall", "time_to_target"))
         density = tokens["trained"] / max(1, tokens["row_capacity"])
         lines.append(
-            f"| `{name}` | {_fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
-            f"| {speedups} | {_fmt(result['token_cost_bound'][name], '.2f', 'x')} "
-            f"| {_fmt(result['fraction_of_bound'][name], '.2f')} "
+            f"| `{name}` | {fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
+            f"| {speedups} | {fmt(result['token_cost_bound'][name], '.2f', 'x')} "
+            f"| {fmt(result['fraction_of_bound'][name], '.2f')} "
             f"| {tokens['generated']:,} | {tokens['trained']:,} | {density:.2f} |")
     grpo = result["methods"]["grpo"]["accuracy"]
     fraction = result.get("target_fraction_of_grpo", TARGET_FRACTION)
     lines += ["",
               f"Preset `{result['preset']}`, seeds {seeds} (means over seeds"
               + ("; ± is the standard deviation of the final accuracy over seeds" if len(seeds) > 1 else "")
-              + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {_fmt(grpo['before'])} "
+              + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {fmt(grpo['before'])} "
               f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
               "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
               f"Machine: {result['machine']}."]
@@ -314,7 +314,7 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                 if e["ci95"]:
                     x += f" [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
                 cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
-            acc = _fmt(m["accuracy_at_equal_time"])
+            acc = fmt(m["accuracy_at_equal_time"])
             lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {acc} |")
     return lines
 
@@ -358,8 +358,8 @@ def format_levels(record: Mapping[str, Any]) -> str:
     greedy, sampled = subset_scores(record, "greedy"), subset_scores(record, "sampled")
     lines = [f"{'level':>8} {'greedy':>8} {'sampled':>8}"]
     for level in sampled:
-        lines.append(f"{level:>8} {_fmt(greedy.get(level)):>8} {_fmt(sampled[level]):>8}")
-    lines.append(f"{'mean':>8} {_fmt(record.get('greedy_accuracy')):>8} {_fmt(record.get('sampled_accuracy')):>8}")
+        lines.append(f"{level:>8} {fmt(greedy.get(level)):>8} {fmt(sampled[level]):>8}")
+    lines.append(f"{'mean':>8} {fmt(record.get('greedy_accuracy')):>8} {fmt(record.get('sampled_accuracy')):>8}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real 
                  variable-length kernel (CUDA with flash-attn) and with PyTorch's own (``torch_varlen``, CUDA,
                  :mod:`dppo_core.varlen`). A negative control lets attention cross the
                  sequence boundaries of the same rows and must differ by far more than the packed result.
-    lean decode  the rollout's lean decode step (:mod:`dppo_core.lean_decode`) against the model's forward:
+    lean decode  the rollout's lean decode step (:mod:`dppo_core.engines.lean_decode`) against the model's forward:
                  logits over 8 decode steps with left padding and rows leaving.
     qlora        LoRA on a 4-bit NF4 base (bitsandbytes; its CUDA kernels on a GPU): one update step, the
                  adapter moves, the base stays 4-bit, the loss and gradients are finite.
@@ -24,16 +24,12 @@ Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real 
                  with a stand-in reward (:func:`synthetic_reward`: random weights get every answer wrong):
                  time per phase and peak memory.
 
-Each check is a :class:`dppo_core.doctor.Check`: ``OK``, ``FAIL`` (with the reason and what to do) or
+Each check is a :class:`dppo_core.tools.doctor.Check`: ``OK``, ``FAIL`` (with the reason and what to do) or
 ``SKIP`` (with why: on CPU, what needs CUDA). :func:`run_gpu_checks` never raises.
 """
 
 from __future__ import annotations
 
-import gc
-import hashlib
-import json
-import resource
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -43,135 +39,16 @@ from typing import Any
 
 import torch
 
-from dppo_core.doctor import Check, _error, _quiet
-
-GiB = 1024**3
-
-
-# --------------------------------------------------------------------------------------------------
-# Models of a given shape, random weights
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The layer shapes of a Qwen3 model (the vocabulary is the embedded tokenizer's)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = True
-
-
-#: Qwen3's published layer shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B), and a tiny one.
-SHAPES: dict[str, ModelShape] = {
-    "qwen3-1.7b": ModelShape(2048, 6144, 28, 16, 8, 128),
-    "qwen3-0.6b": ModelShape(1024, 3072, 28, 16, 8, 128),
-    # head_dim 64: vLLM's CPU attention supports a few head sizes only (16 is refused on AVX2)
-    "tiny": ModelShape(128, 256, 2, 2, 1, 64, max_position_embeddings=512),
-}
-#: ``model: random:NAME`` in a configuration builds (or reuses) the model of shape NAME with random weights.
-RANDOM_PREFIX = "random:"
-
-
-def build_shaped_model(name: str, cache_dir: str | Path | None = None, dtype: str = "bfloat16") -> Path:
-    """Build (or reuse) a Qwen3 model of shape ``SHAPES[name]`` with random weights (seed 0) and the embedded
-    tokenizer; return its directory (loads with ``from_pretrained`` and in vLLM). Stored in ``dtype``."""
-    from dppo_core.models import (
-        BUILD_VERSION,
-        TinyModelConfig,
-        _atomic_dir,
-        _qwen3_config,
-        build_tokenizer,
-        default_cache_dir,
-    )
-
-    if name not in SHAPES:
-        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
-    shape = SHAPES[name]
-    key = hashlib.sha256(json.dumps({"build": BUILD_VERSION, "dtype": dtype, **asdict(shape)},
-                                    sort_keys=True).encode()).hexdigest()[:12]
-    target = Path(cache_dir or default_cache_dir()) / f"shape-{name}-{key}"
-    if (target / "config.json").exists():
-        return target
-
-    def write(tmp: Path) -> None:
-        from transformers import GenerationConfig, Qwen3ForCausalLM
-
-        tokenizer = build_tokenizer()
-        tokenizer.model_max_length = shape.max_position_embeddings
-        layers = {k: v for k, v in asdict(shape).items() if k != "tie_word_embeddings"}
-        config = _qwen3_config(TinyModelConfig(**layers), tokenizer)
-        config.tie_word_embeddings = shape.tie_word_embeddings
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = Qwen3ForCausalLM(config)
-        model.to(getattr(torch, dtype))
-        model.config.torch_dtype = dtype
-        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                                   pad_token_id=tokenizer.pad_token_id)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "dppo_build.json").write_text(json.dumps({"kind": "random", "shape": name, **asdict(shape)}, indent=2))
-
-    return _atomic_dir(target, write)
-
-
-def resolve_random_model(model: str, dtype: str | None = None) -> str:
-    """``random:NAME`` → the directory of :func:`build_shaped_model`'s model (stored in bfloat16 where CUDA is
-    available, else float32, unless ``dtype`` says); any other value unchanged."""
-    if not model.startswith(RANDOM_PREFIX):
-        return model
-    dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    return str(build_shaped_model(model[len(RANDOM_PREFIX):], dtype=dtype))
-
-
-def _fraction(text: str) -> float:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
-
-
-def synthetic_reward(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
-    """A stand-in reward for timing models with random weights (which get every answer wrong, so every
-    group would be all-zero): each prompt has a success rate p, uniform in [0, 1) from a hash of its text,
-    and each completion is right with probability p, from a hash of prompt and completion. About 2/9 of
-    groups of 8 come out all right or all wrong, as in real training. Not a measure of anything learned."""
-    out = []
-    for p, c in zip(prompts, completions, strict=True):
-        rate = _fraction(repr(p))
-        out.append(float(_fraction(f"{p!r}\x00{c!r}") < rate))
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# Memory and time
-# --------------------------------------------------------------------------------------------------
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device: torch.device) -> str:
-    """The peak since :func:`reset_peak`: torch's allocator on CUDA, the process's resident set on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        free, total = torch.cuda.mem_get_info(device)
-        return (f"peak {torch.cuda.max_memory_allocated(device) / GiB:.2f} GiB allocated by torch, "
-                f"{(total - free) / GiB:.1f} of {total / GiB:.0f} GiB in use on the device")
-    return f"peak resident memory of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
-
-
-def _free_cuda() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
+from dppo_core.shapes import SHAPES, build_shaped_model
+from dppo_core.tools.bench.systems import (
+    GiB,
+    format_step,
+    free_cuda,
+    peak_memory,
+    reset_peak,
+    train_steps,
+)
+from dppo_core.tools.doctor import Check, describe_error, quiet
 
 # --------------------------------------------------------------------------------------------------
 # The checks
@@ -319,9 +196,9 @@ def _layout_check(name: str, model_dir: str | Path, device: torch.device, attent
             model.to(device)
         ok, numbers = case(model, tol)
     except Exception as exc:  # noqa: BLE001
-        return Check(name, "FAIL", f"crashed ({_error(exc)})", crash_fix)
+        return Check(name, "FAIL", f"crashed ({describe_error(exc)})", crash_fix)
     finally:
-        _free_cuda()
+        free_cuda()
     detail = f"{str(dtype).removeprefix('torch.')}: {numbers}"
     if ok:
         return Check(name, "OK", detail)
@@ -384,7 +261,7 @@ def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
 def check_lean_decode(model_dir: str | Path, device: torch.device) -> Check:
     """The rollout's lean decode step gives the model's forward logits (bit for bit on CPU in fp32; on CUDA in
     bf16 the same operations, so equal unless a kernel rounds the strided key buffers differently)."""
-    from dppo_core.lean_decode import compare_with_forward
+    from dppo_core.engines.lean_decode import compare_with_forward
 
     def case(model, tol: Tolerance) -> tuple[bool, str]:
         model.eval()
@@ -431,16 +308,17 @@ def check_rollout_correction(model_dir: str | Path, device: torch.device) -> Che
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     try:
-        with _quiet():
+        with quiet():
             model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
         model.eval()
         batch = HFRollout(model, tokenizer).generate(_prompts(8 if cuda else 4), 4,
                                                      SamplingConfig(max_tokens=64 if cuda else 16, seed=0))
         mean, detail = correction_summary(model, batch)
     except Exception as exc:  # noqa: BLE001
-        return Check("rollout correction (hf)", "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+        return Check("rollout correction (hf)", "FAIL", f"crashed ({describe_error(exc)})",
+                     "report it with this output")
     finally:
-        _free_cuda()
+        free_cuda()
     ok = abs(mean - 1) <= 0.05  # the engine is the policy itself: its weights stay near 1
     return Check("rollout correction (hf)", "OK" if ok else "FAIL", f"{str(dtype).removeprefix('torch.')}: {detail}",
                  "" if ok else "the rollout's log-probs are far from the update's: set rollout_correction=token and "
@@ -462,7 +340,7 @@ def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
         reset_peak(device)
         t0 = time.perf_counter()
         config = DPPOConfig(model=str(model_dir), update_mode="qlora4", lora_r=8, lora_alpha=16, device=device.type)
-        with _quiet():
+        with quiet():
             model, tokenizer = load_policy(config, str(model_dir), device)
             import bitsandbytes as bnb
         quantized = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
@@ -474,7 +352,7 @@ def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         vocab = model.get_input_embeddings().weight.shape[0]
         seqs = random_sequences(vocab, 8, (8, 40), (8, 64) if device.type == "cuda" else (4, 16))
-        with _quiet():
+        with quiet():
             lp, mask = completion_logprobs_with_grad(model, [p for p, _ in seqs], [c for _, c in seqs], 1.0,
                                                      tokenizer.pad_token_id or 0)
             loss = -(lp.float() * mask).sum() / mask.sum()
@@ -486,10 +364,10 @@ def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
         seconds = time.perf_counter() - t0
         memory = peak_memory(device)
     except Exception as exc:  # noqa: BLE001
-        return Check("qlora", "FAIL", f"crashed ({_error(exc)})",
+        return Check("qlora", "FAIL", f"crashed ({describe_error(exc)})",
                      "check bitsandbytes against its CUDA build: python -m bitsandbytes")
     finally:
-        _free_cuda()
+        free_cuda()
     detail = (f"{where}; loss {loss.item():.4f}, {moved} of {len(lora)} adapter tensors moved, "
               f"{seconds:.1f} s to load and step, {memory}")
     if not (torch.isfinite(loss) and grads_finite and moved and frozen_base):
@@ -522,7 +400,7 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
     if importlib.util.find_spec("vllm") is None:
         return [Check("vllm", "SKIP", "vLLM is not installed (rollout_engine=vllm needs it)",
                       'pip install -e ".[vllm]"')]
-    from dppo_core.vllm_engine import VLLMRollout
+    from dppo_core.engines.vllm import VLLMRollout
 
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -534,11 +412,11 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
     checks: list[Check] = []
     engine = None
     try:
-        with _quiet():
+        with quiet():
             model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
         free0 = torch.cuda.mem_get_info(device)[0] if cuda else 0
         t0 = time.perf_counter()
-        with _quiet():
+        with quiet():
             engine = VLLMRollout(model_dir, tokenizer, seed=0, **kwargs)
         start_s = time.perf_counter() - t0
         batch = engine.generate(prompts, 2, sampling)  # on CUDA the engine sleeps after generating
@@ -576,25 +454,25 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
         engine.close()
         engine = None
         del model
-        _free_cuda()
+        free_cuda()
         checks.append(_check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs))
     except Exception as exc:  # noqa: BLE001
-        checks.append(Check("vllm", "FAIL", f"crashed ({_error(exc)})", "run `dppo doctor` for vLLM's install"))
+        checks.append(Check("vllm", "FAIL", f"crashed ({describe_error(exc)})", "run `dppo doctor` for vLLM's install"))
     finally:
         if engine is not None:
             engine.close()
-        _free_cuda()
+        free_cuda()
     return checks
 
 
 def _check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs) -> Check:
     from peft import LoraConfig, get_peft_model
 
+    from dppo_core.engines.vllm import VLLMRollout
     from dppo_core.models import load_model
     from dppo_core.rollout import logprob_mismatch
-    from dppo_core.vllm_engine import VLLMRollout
 
-    with _quiet():
+    with quiet():
         base, tokenizer = load_model(model_dir, device=device, dtype=dtype)
         engine = VLLMRollout(model_dir, tokenizer, lora=True, max_lora_rank=8, seed=0, **kwargs)
     try:
@@ -638,45 +516,10 @@ def step_overrides(device: torch.device, model_dir: str | Path) -> dict[str, Any
     return out
 
 
-def train_steps(method: str, config, steps: int, engine: Any = None,
-                on_step: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], Any]:
-    """``steps`` training steps of ``method``'s ``config`` with :func:`synthetic_reward`; returns the step
-    records (each with ``peak_memory``) and the rollout engine (pass it to the next call to reuse a vLLM
-    engine: it is synced to that call's model first)."""
-    from dppo_core.trainer import DPPOTrainer
-
-    device = torch.device(config.device)
-    with _quiet():
-        trainer = DPPOTrainer(config, reward_funcs=[synthetic_reward], progress=False)
-        trainer.engine = engine if engine is not None else trainer.make_engine()
-    trainer.engine.sync(trainer.model)
-    records = []
-    for _ in range(steps):
-        reset_peak(device)
-        record = trainer.train_step()
-        record["peak_memory"] = peak_memory(device)
-        if device.type == "cuda":
-            record["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GiB
-        records.append(record)
-        if on_step is not None:
-            on_step(record)
-    engine = trainer.engine
-    del trainer
-    _free_cuda()
-    return records, engine
-
-
-def format_step(record: dict[str, Any]) -> str:
-    phases = ", ".join(f"{p} {record.get('time_' + p, 0.0):.2f}"
-                       for p in ("rollout", "reward", "prune", "update", "sync"))
-    return (f"step {record['step_time']:.2f} s ({phases}); trained {record.get('sequences_trained', 0)} of "
-            f"{record.get('completions_rolled_out', 0)} completions; {record['peak_memory']}")
-
-
 def check_steps(model_dir: str | Path, device: torch.device, methods: Sequence[str] = STEP_METHODS,
                 on_result: Callable[[Check], None] | None = None) -> list[Check]:
     """One ``train_step`` of each method on the ``gpu-systems`` configuration (tiny sizes on CPU)."""
-    from dppo_core.bench.presets import bench_preset, method_config
+    from dppo_core.tools.bench.presets import bench_preset, method_config
 
     preset = bench_preset("gpu-systems")
     checks, engine = [], None
@@ -693,13 +536,13 @@ def check_steps(model_dir: str | Path, device: torch.device, methods: Sequence[s
                 check = (Check(name, "OK", format_step(record)) if finite else
                          Check(name, "FAIL", f"non-finite loss or gradient norm: {format_step(record)}", "report it"))
             except Exception as exc:  # noqa: BLE001
-                check = Check(name, "FAIL", f"crashed ({_error(exc)})", "report it with this output")
+                check = Check(name, "FAIL", f"crashed ({describe_error(exc)})", "report it with this output")
             checks.append(check)
             if on_result is not None:
                 on_result(check)
     if engine is not None and hasattr(engine, "close"):
         engine.close()
-    _free_cuda()
+    free_cuda()
     return checks
 
 
@@ -720,12 +563,12 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
     shape = shape or ("qwen3-1.7b" if device.type == "cuda" else "tiny")
     try:
         t0 = time.perf_counter()
-        with _quiet():
+        with quiet():
             model_dir = build_shaped_model(shape, cache_dir, dtype="bfloat16" if device.type == "cuda" else "float32")
         emit(Check("model", "OK", f"Qwen3 layers of shape {shape!r} ({asdict(SHAPES[shape])}), random weights, "
                                   f"embedded tokenizer; built or found in {time.perf_counter() - t0:.0f} s"))
     except Exception as exc:  # noqa: BLE001
-        emit(Check("model", "FAIL", f"could not build the {shape!r} model ({_error(exc)})",
+        emit(Check("model", "FAIL", f"could not build the {shape!r} model ({describe_error(exc)})",
                    "set DPPO_CACHE_DIR to a writable directory with room"))
         return results
     for attention in ("sdpa", "flash_attention_2", "torch_varlen"):

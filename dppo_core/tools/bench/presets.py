@@ -89,7 +89,7 @@ class BenchPreset:
         eval_limit: the first this many problems of each of ``eval_benchmarks``.
         runtime: what a run of the whole preset takes, for the help text.
         kind: ``"accuracy"`` (train, evaluate, time to target) or ``"systems"`` (step times only, on a model
-            with random weights and a stand-in reward: :mod:`dppo_core.bench.systems`).
+            with random weights and a stand-in reward: :mod:`dppo_core.tools.bench.systems`).
     """
 
     name: str
@@ -296,9 +296,9 @@ def run_dir(output_dir: str | Path, method: str, seed: int) -> Path:
 
 def resolve_model_keyword(model: str) -> str:
     """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory; ``random:SHAPE``:
-    a Qwen3 model of that shape with random weights (:func:`dppo_core.gpu_check.build_shaped_model`); else ``model``."""
+    a Qwen3 model of that shape with random weights (:func:`dppo_core.shapes.build_shaped_model`); else ``model``."""
     if model.startswith("random:"):
-        from dppo_core.gpu_check import resolve_random_model
+        from dppo_core.shapes import resolve_random_model
 
         return resolve_random_model(model)
     if model != UNTRAINED_TINY:

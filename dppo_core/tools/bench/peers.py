@@ -4,7 +4,7 @@
 - ``trl_dppo``: ``dppo_core.integrations.trl.DPPOGRPOTrainer`` (a ``GRPOTrainer`` subclass) on the dppo
   configuration, constructed with ``estimator=make_estimator(config)``: TRL's loop with DPPO's pruning.
 
-Both run through the same code (:mod:`dppo_core.bench.trl_runner`, imported only when a peer runs, so
+Both run through the same code (:mod:`dppo_core.tools.bench.trl_runner`, imported only when a peer runs, so
 importing the bench stays light); only the trainer class and its extra constructor arguments differ
 (:class:`TRLPeer`). This module maps a :class:`~dppo_core.config.DPPOConfig` to ``trl.GRPOConfig``
 arguments (:func:`trl_grpo_args`) and checks that TRL and the peer's trainer can be imported.
@@ -13,15 +13,13 @@ arguments (:func:`trl_grpo_args`) and checks that TRL and the peer's trainer can
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dppo_core.bench.presets import BenchError
+from dppo_core.tools.bench.presets import BenchError
 
 if TYPE_CHECKING:
-    from dppo_core.bench.presets import BenchPreset
     from dppo_core.config import DPPOConfig
 
 TRL_INSTALL_HINT = "pip install 'dppo-core[bench]'"
@@ -147,14 +145,3 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
         "report_to": "none", "save_strategy": "no", "logging_steps": config.max_steps, "disable_tqdm": True,
         "dataloader_pin_memory": False,
     }
-
-
-def run_peer(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
-             on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """One run of TRL peer ``method`` on ``config``, into ``config.output_dir``, logged like ours."""
-    grpo_config, trainer_class = peer_trainer_class(method)
-    from dppo_core.bench.trl_runner import run_trl_trainer
-
-    run_trl_trainer(config, preset, log, on_record, method=method, trainer_class=trainer_class,
-                    grpo_config_class=grpo_config,
-                    trainer_kwargs=lambda: peer_trainer_kwargs(method, config))

@@ -34,16 +34,16 @@ from typing import Any
 
 import torch
 
-from dppo_core.models import encode_prompt
-from dppo_core.rollout import (
+from dppo_core.engines.types import (
     Completion,
     Prompt,
     RolloutBatch,
     RolloutGroup,
     SamplingConfig,
-    _stop_ids,
     is_peft_model,
+    stop_ids,
 )
+from dppo_core.models import encode_prompt
 
 # --------------------------------------------------------------------------------------------------
 # Weights of a (possibly PEFT-wrapped) model, named as in its Hugging Face checkpoint
@@ -142,7 +142,7 @@ class _RotaryReloadNoise(logging.Filter):
 
 
 def _generation_config_holder(model_path: str) -> Any:
-    """Something with the checkpoint's ``generation_config`` (its end tokens), as ``_stop_ids`` reads it."""
+    """Something with the checkpoint's ``generation_config`` (its end tokens), as ``stop_ids`` reads it."""
     from types import SimpleNamespace
 
     from transformers import GenerationConfig
@@ -200,7 +200,7 @@ class VLLMRollout:
 
         self.model_path = str(Path(model_path).expanduser()) if local else str(model_path)
         self.tokenizer = tokenizer
-        self.stop_ids = _stop_ids(_generation_config_holder(self.model_path), tokenizer)
+        self.stop_ids = stop_ids(_generation_config_holder(self.model_path), tokenizer)
         self.lora = lora
         self.max_lora_rank = max_lora_rank
         self.on_cpu = _on_cpu_platform()

@@ -2,8 +2,8 @@
 
 Each method runs padded, packed, and packed with each prompt once per group (:data:`LAYOUTS`), a few
 steps each, on a Qwen3-shaped model with random weights
-(:func:`dppo_core.gpu_check.build_shaped_model`) and a stand-in reward
-(:func:`dppo_core.gpu_check.synthetic_reward`: random weights get every answer wrong, which would leave
+(:func:`dppo_core.shapes.build_shaped_model`) and a stand-in reward
+(:func:`synthetic_reward`: random weights get every answer wrong, which would leave
 every group degenerate and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not
 timed (kernel autotuning, CUDA graphs, allocator growth). One rollout engine serves every run (it is synced
 to each run's model first), so no run pays for starting vLLM.
@@ -18,15 +18,23 @@ step is measured by the accuracy benches (``cpu-baselines``).
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
+import resource
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dppo_core.bench.presets import BenchError, BenchPreset
-from dppo_core.bench.report import _versions, describe_machine
+import torch
+
 from dppo_core.config import DPPOConfig
+from dppo_core.tools.bench.presets import BenchError, BenchPreset
+from dppo_core.tools.bench.report import describe_machine, package_versions
+from dppo_core.tools.doctor import quiet
+
+GiB = 1024**3
 
 #: Steps of each run before timing starts.
 WARMUP_STEPS = 2
@@ -39,6 +47,91 @@ LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("packed", {"packing": True, "shared_prefix": False}),
     ("shared", {"packing": True, "shared_prefix": True}),  # each prompt once per group (dppo_core.shared_prefix)
 )
+
+
+# --- the step runner (also the doctor's step checks) -----------------------------------------------
+
+
+def _fraction(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def synthetic_reward(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
+    """A stand-in reward for timing models with random weights (which get every answer wrong, so every
+    group would be all-zero): each prompt has a success rate p, uniform in [0, 1) from a hash of its text,
+    and each completion is right with probability p, from a hash of prompt and completion. About 2/9 of
+    groups of 8 come out all right or all wrong, as in real training. Not a measure of anything learned."""
+    out = []
+    for p, c in zip(prompts, completions, strict=True):
+        rate = _fraction(repr(p))
+        out.append(float(_fraction(f"{p!r}\x00{c!r}") < rate))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory and time
+# --------------------------------------------------------------------------------------------------
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> str:
+    """The peak since :func:`reset_peak`: torch's allocator on CUDA, the process's resident set on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return (f"peak {torch.cuda.max_memory_allocated(device) / GiB:.2f} GiB allocated by torch, "
+                f"{(total - free) / GiB:.1f} of {total / GiB:.0f} GiB in use on the device")
+    return f"peak resident memory of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
+
+
+def free_cuda() -> None:
+    """Let go of what the last run held (Python's garbage, then CUDA's cached blocks)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def train_steps(method: str, config, steps: int, engine: Any = None,
+                on_step: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], Any]:
+    """``steps`` training steps of ``method``'s ``config`` with :func:`synthetic_reward`; returns the step
+    records (each with ``peak_memory``) and the rollout engine (pass it to the next call to reuse a vLLM
+    engine: it is synced to that call's model first)."""
+    from dppo_core.trainer import DPPOTrainer
+
+    device = torch.device(config.device)
+    with quiet():
+        trainer = DPPOTrainer(config, reward_funcs=[synthetic_reward], progress=False)
+        trainer.engine = engine if engine is not None else trainer.make_engine()
+    trainer.engine.sync(trainer.model)
+    records = []
+    for _ in range(steps):
+        reset_peak(device)
+        record = trainer.train_step()
+        record["peak_memory"] = peak_memory(device)
+        if device.type == "cuda":
+            record["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GiB
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
+    engine = trainer.engine
+    del trainer
+    free_cuda()
+    return records, engine
+
+
+def format_step(record: dict[str, Any]) -> str:
+    phases = ", ".join(f"{p} {record.get('time_' + p, 0.0):.2f}"
+                       for p in ("rollout", "reward", "prune", "update", "sync"))
+    return (f"step {record['step_time']:.2f} s ({phases}); trained {record.get('sequences_trained', 0)} of "
+            f"{record.get('completions_rolled_out', 0)} completions; {record['peak_memory']}")
+
+
+# --- the bench ----------------------------------------------------------------------------------------
 
 
 def run_label(method: str, layout: str) -> str:
@@ -111,7 +204,6 @@ def format_systems(result: Mapping[str, Any]) -> str:
 def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfig], output_dir: str | Path, *,
                 log: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
     """Every method of ``configs`` in every layout (LAYOUTS) for its ``max_steps``; write and return ``bench.json``."""
-    from dppo_core.gpu_check import format_step, train_steps
 
     output_dir = Path(output_dir)
     seeds = sorted({s for _, s in configs})
@@ -143,8 +235,8 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
               "machine": describe_machine(), "model": preset.overrides.get("model", model), "timed_steps": timed,
               "warmup_steps": warmup,
               "rollout_engine": rollout_engine, "runs": results, "speedup_vs": systems_speedups(results),
-              "versions": _versions(),
-              "notes": {"timing_only": "random weights and gpu_check.synthetic_reward: step times, not learning",
+              "versions": package_versions(),
+              "notes": {"timing_only": "random weights and bench.systems.synthetic_reward: step times, not learning",
                         "step_time_median": "median over the timed steps of the whole step (prune, rollout, "
                                             "reward, update, sync)"}}
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ with the student's pieces in place of the solution's, so the feedback is exactly
 :func:`check` never raises on a wrong answer (a notebook run top to bottom goes on); it returns whether the
 exercise passed (a :class:`Verdict`, which a notebook does not echo). The solutions file is read from the
 checkout the notebook runs in, or, opened alone (Colab), downloaded from the repository
-(:func:`dppo_core.bench.report.committed_result`).
+(:func:`dppo_core.tools.bench.report.committed_result`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def load_solutions(stem: str) -> types.ModuleType:
         if here is not None:
             filename, source = str(here), here.read_text()
         else:
-            from dppo_core.bench.report import REPOSITORY_RAW_URL, committed_result
+            from dppo_core.tools.bench.report import REPOSITORY_RAW_URL, committed_result
 
             filename, source = f"{REPOSITORY_RAW_URL}/{relative}", committed_result(relative)
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

@@ -20,10 +20,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from dppo_core.bench.peers import trl_grpo_args
-from dppo_core.bench.presets import BenchError, BenchPreset
-from dppo_core.bench.run import bench_evaluation, eval_line
 from dppo_core.config import DPPOConfig
+from dppo_core.tools.bench.evals import bench_evaluation, eval_line
+from dppo_core.tools.bench.peers import trl_grpo_args
+from dppo_core.tools.bench.presets import BenchError, BenchPreset
 
 STEP_STATS = ("time_rollout", "time_reward", "tokens_generated", "tokens_trained", "update_capacity",
               "reward_sum", "completions")
@@ -131,7 +131,7 @@ def run_trl_trainer(config: DPPOConfig, preset: BenchPreset, log: Callable[[str]
 
     ``trainer_kwargs()`` gives the constructor arguments the class takes on top of GRPOTrainer's (called
     right before it is constructed); ``method`` names the run in messages and picks the argument checks
-    of :func:`~dppo_core.bench.peers.trl_grpo_args`.
+    of :func:`~dppo_core.tools.bench.peers.trl_grpo_args`.
     """
     import torch
     from transformers.trainer_callback import PrinterCallback, ProgressCallback

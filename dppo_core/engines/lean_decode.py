@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dppo_core.rollout import _base_model
+from dppo_core.engines.types import base_model
 
 #: model types whose decoder layer is: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k
 #: in Qwen3 only, rotary embedding, softmax attention, o projection) -> residual -> RMSNorm -> SiLU-gated MLP
@@ -56,7 +56,7 @@ class LeanDecoder:
     """
 
     def __init__(self, model: torch.nn.Module):
-        model = _base_model(model)
+        model = base_model(model)
         self.model = model
         inner = model.model
         self.config = model.config
@@ -92,7 +92,7 @@ class LeanDecoder:
         import transformers.models.qwen2.modeling_qwen2 as qwen2
         import transformers.models.qwen3.modeling_qwen3 as qwen3
 
-        model = _base_model(model)
+        model = base_model(model)
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in ARCHITECTURES:

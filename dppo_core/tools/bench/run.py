@@ -1,7 +1,7 @@
 """Running the bench: every configuration built and checked first, then the runs, interleaved over seeds.
 
 Our methods (grpo, dppo, cppo, greso) run in :class:`~dppo_core.trainer.DPPOTrainer`; the TRL peers
-(trl_grpo, trl_dppo) in a TRL trainer class (:mod:`dppo_core.bench.peers`). Both are evaluated by
+(trl_grpo, trl_dppo) in a TRL trainer class (:mod:`dppo_core.tools.bench.peers`). Both are evaluated by
 :func:`dppo_core.evaluate.evaluate_policy`, timed into ``eval_s`` and kept out of the training time.
 """
 
@@ -11,12 +11,14 @@ import gc
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dppo_core.bench.peers import TRL_PEERS, peer_trainer_class, run_peer, trl_grpo_args
-from dppo_core.bench.presets import (
+from dppo_core.config import DPPOConfig
+from dppo_core.tools.bench.evals import bench_evaluation, eval_line
+from dppo_core.tools.bench.peers import TRL_PEERS, peer_trainer_class, peer_trainer_kwargs, trl_grpo_args
+from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
     BenchError,
     BenchPreset,
@@ -26,30 +28,8 @@ from dppo_core.bench.presets import (
     resolve_model_keyword,
     run_dir,
 )
-from dppo_core.bench.report import _duration, _fmt, describe_machine, write_bench
-from dppo_core.bench.summary import read_jsonl, summarize_run
-from dppo_core.config import DPPOConfig
-
-# --------------------------------------------------------------------------------------------------
-# Evaluation (the same for every method)
-# --------------------------------------------------------------------------------------------------
-
-
-def bench_evaluation(config: DPPOConfig, engine: Any, step: int, preset: BenchPreset) -> dict[str, Any]:
-    """Held-out accuracy of the policy behind ``engine``: :func:`~dppo_core.evaluate.evaluate_policy` on the
-    embedded task, else pass@1 on the preset's ``eval_benchmarks`` (which such a task needs)."""
-    from dppo_core.evaluate import evaluate_policy
-
-    if config.task != "arithmetic" and not preset.eval_benchmarks:
-        raise BenchError(f"task={config.task!r} has no held-out levels; give the bench preset eval_benchmarks")
-    return evaluate_policy(config, engine, step, preset.eval_benchmarks, preset.eval_limit)
-
-
-def eval_line(record: Mapping[str, Any]) -> str:
-    """The log line of one evaluation record."""
-    return (f"    step {record['step']}: sampled accuracy {_fmt(record.get('sampled_accuracy'))}, "
-            f"greedy {_fmt(record.get('greedy_accuracy'))}")
-
+from dppo_core.tools.bench.report import describe_machine, fmt, format_duration, write_bench
+from dppo_core.tools.bench.summary import read_jsonl, summarize_run
 
 # --------------------------------------------------------------------------------------------------
 # Running one method
@@ -76,6 +56,17 @@ def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]
             on_record(record)
 
     BenchTrainer(config, progress=False, callbacks=[log_record]).train()
+
+
+def run_peer(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
+             on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """One run of TRL peer ``method`` on ``config``, into ``config.output_dir``, logged like ours."""
+    grpo_config, trainer_class = peer_trainer_class(method)
+    from dppo_core.tools.bench.trl_runner import run_trl_trainer
+
+    run_trl_trainer(config, preset, log, on_record, method=method, trainer_class=trainer_class,
+                    grpo_config_class=grpo_config,
+                    trainer_kwargs=lambda: peer_trainer_kwargs(method, config))
 
 
 def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None] = print,
@@ -156,7 +147,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
     output_dir = Path(output_dir)
     configs = build_configs(preset, methods, seeds, output_dir, overrides)
     if preset.kind == "systems":  # step times only, every method in every layout: bench/systems.py
-        from dppo_core.bench.systems import run_systems
+        from dppo_core.tools.bench.systems import run_systems
 
         return run_systems(preset, configs, output_dir, log=log, command=command)
     order = interleaved(methods, seeds)
@@ -173,6 +164,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
         run = summarize_run(read_jsonl(Path(config.output_dir) / "metrics.jsonl"),
                             read_jsonl(Path(config.output_dir) / "eval.jsonl"))
         acc = run["accuracy"]
-        log(f"[{i}/{len(order)}] {m} seed {s}: {_duration(run['wall_s'])} of training "
-            f"({_duration(info['elapsed_s'])} in all), sampled accuracy {_fmt(acc['before'])} -> {_fmt(acc['after'])}")
+        log(f"[{i}/{len(order)}] {m} seed {s}: {format_duration(run['wall_s'])} of training "
+            f"({format_duration(info['elapsed_s'])} in all), sampled accuracy {fmt(acc['before'])} -> "
+            f"{fmt(acc['after'])}")
     return write_bench(output_dir, preset, methods, seeds, command=command)

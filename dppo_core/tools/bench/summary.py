@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dppo_core.bench.presets import PHASES, BenchError
+from dppo_core.tools.bench.presets import PHASES, BenchError
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

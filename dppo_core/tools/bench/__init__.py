@@ -45,16 +45,17 @@ Departures of the TRL peers (``trl_grpo``, ``trl_dppo``; :func:`trl_grpo_args`) 
    packing, so it has ``packing: false``, and TRL's sampler draws a fixed generation batch, so it has
    ``dense_prompts: false`` (the candidate window is the batch).
 
-The package: :mod:`~dppo_core.bench.presets` (methods, presets, configurations), :mod:`~dppo_core.bench.run`
-(running the bench), :mod:`~dppo_core.bench.peers` and :mod:`~dppo_core.bench.trl_runner` (the TRL
-peers), :mod:`~dppo_core.bench.summary` (pure functions of the logs), :mod:`~dppo_core.bench.report`
-(``bench.json``, tables, plots). Every public name is importable from ``dppo_core.bench``.
+The package: :mod:`~dppo_core.tools.bench.presets` (methods, presets, configurations), :mod:`~dppo_core.tools.bench.run`
+(running the bench), :mod:`~dppo_core.tools.bench.peers` and :mod:`~dppo_core.tools.bench.trl_runner` (the TRL
+peers), :mod:`~dppo_core.tools.bench.summary` (pure functions of the logs), :mod:`~dppo_core.tools.bench.report`
+(``bench.json``, tables, plots). Every public name is importable from ``dppo_core.tools.bench``.
 """
 
 from __future__ import annotations
 
-from dppo_core.bench.peers import TRL_INSTALL_HINT, TRL_PEERS, TRLPeer, require_trl, trl_grpo_args
-from dppo_core.bench.presets import (
+from dppo_core.tools.bench.evals import bench_evaluation
+from dppo_core.tools.bench.peers import TRL_INSTALL_HINT, TRL_PEERS, TRLPeer, require_trl, trl_grpo_args
+from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
     CPU_BENCH_METHODS,
     CPU_BENCH_SETTING,
@@ -79,7 +80,7 @@ from dppo_core.bench.presets import (
     run_dir,
     split_overrides,
 )
-from dppo_core.bench.report import (
+from dppo_core.tools.bench.report import (
     NOTES,
     README_MARKERS,
     REPOSITORY_RAW_URL,
@@ -93,8 +94,8 @@ from dppo_core.bench.report import (
     update_readme,
     write_bench,
 )
-from dppo_core.bench.run import bench_evaluation, build_configs, interleaved, run_bench, run_method, run_ours
-from dppo_core.bench.summary import (
+from dppo_core.tools.bench.run import build_configs, interleaved, run_bench, run_method, run_ours
+from dppo_core.tools.bench.summary import (
     accuracy_at_time,
     aggregate_runs,
     compare,

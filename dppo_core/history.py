@@ -1,0 +1,130 @@
+"""What each prompt's rollouts showed: :class:`PromptHistory`, the record that prompt pruning reads (the last
+group's rewards and advantages, and the decayed evidence on each prompt's success rate), kept across steps and
+in checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PromptRecord:
+    """What the last rollout of one prompt showed."""
+
+    mean_reward: float
+    reward_std: float
+    mean_abs_advantage: float
+    step: int
+    seen: int = 1
+    successes: float | None = None  # decayed evidence on the success rate, as of ``step`` (None: an old record)
+    failures: float | None = None
+
+    @property
+    def degenerate(self) -> bool:
+        """All G rewards were equal: the group gave no learning signal (A = 0 everywhere)."""
+        return self.reward_std == 0.0
+
+
+class PromptHistory:
+    """Per prompt id, the statistics of its most recent rollout group.
+
+    ``update`` after each step's rewards; ``state_dict``/``from_state_dict`` for checkpoints (plain
+    JSON-serialisable data); ``merge`` combines the histories of data-parallel ranks (the most recent
+    record of each prompt wins, so every rank ends with the same history).
+
+    Besides the last group, each record carries the evidence of every group so far on the prompt's success
+    rate (``successes``, ``failures``: G x mean reward and G x (1 - mean reward), rewards clipped into [0, 1]),
+    each group's evidence discounted by 2^(-age / ``half_life``) steps as the policy moves (``half_life``
+    None: no discount). :func:`posterior_scores` reads it.
+    """
+
+    def __init__(self, records: dict[str, PromptRecord] | None = None, half_life: float | None = None):
+        self.records: dict[str, PromptRecord] = dict(records or {})
+        self.half_life = half_life
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __contains__(self, prompt_id: object) -> bool:
+        return prompt_id in self.records
+
+    def get(self, prompt_id: str) -> PromptRecord | None:
+        return self.records.get(prompt_id)
+
+    def update(self, prompt_ids: Sequence[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int,
+               max_age: int | None = None) -> None:
+        """Record each prompt's group: ``rewards`` and ``advantages`` have shape (len(prompt_ids), G).
+
+        ``max_age``: a record last updated more than this many steps ago is stale (read as unseen by
+        :meth:`score` and :func:`posterior_scores`), so its evidence is dropped and the new group starts afresh.
+        """
+        rewards = torch.as_tensor(rewards, dtype=torch.float64)
+        advantages = torch.as_tensor(advantages, dtype=torch.float64)
+        if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids) or advantages.shape != rewards.shape:
+            raise ValueError(f"rewards {tuple(rewards.shape)} and advantages {tuple(advantages.shape)} must both "
+                             f"have shape ({len(prompt_ids)}, G), one row per prompt id")
+        for pid, r, a in zip(prompt_ids, rewards, advantages, strict=True):
+            prev = self.records.get(pid)
+            stale = prev is not None and max_age is not None and step - prev.step > max_age
+            s_prev, f_prev = (0.0, 0.0) if stale else self.evidence(pid, step)
+            mean = float(r.mean())
+            hits = r.numel() * min(1.0, max(0.0, mean))
+            self.records[pid] = PromptRecord(
+                mean_reward=mean, reward_std=float(r.std(unbiased=False)),
+                mean_abs_advantage=float(a.abs().mean()), step=int(step), seen=(prev.seen + 1) if prev else 1,
+                successes=s_prev + hits, failures=f_prev + r.numel() - hits)
+
+    def evidence(self, prompt_id: str, step: int | None = None) -> tuple[float, float]:
+        """(successes, failures) seen for the prompt, discounted to ``step`` (0, 0 if unseen)."""
+        rec = self.records.get(prompt_id)
+        if rec is None:
+            return 0.0, 0.0
+        if rec.successes is None or rec.failures is None:  # a record from before the evidence was kept
+            return min(1.0, max(0.0, rec.mean_reward)), 1.0 - min(1.0, max(0.0, rec.mean_reward))
+        decay = 1.0
+        if self.half_life is not None and step is not None and step > rec.step:
+            decay = 0.5 ** ((step - rec.step) / self.half_life)
+        return rec.successes * decay, rec.failures * decay
+
+    def score(self, prompt_id: str, step: int | None = None, max_age: int | None = None) -> float | None:
+        """The prompt's expected learning signal (its last mean |A|), or None if unseen or too old."""
+        rec = self.records.get(prompt_id)
+        if rec is None or (max_age is not None and step is not None and step - rec.step > max_age):
+            return None
+        return rec.mean_abs_advantage
+
+    def degenerate_fraction(self) -> float:
+        return sum(r.degenerate for r in self.records.values()) / max(1, len(self.records))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": {k: asdict(v) for k, v in self.records.items()}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], half_life: float | None = None) -> PromptHistory:
+        try:
+            return cls({k: PromptRecord(**v) for k, v in state["records"].items()}, half_life=half_life)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a PromptHistory state (expected {{'records': {{id: record}}}}): {exc}") from exc
+
+    @classmethod
+    def merge(cls, histories: Iterable[PromptHistory]) -> PromptHistory:
+        """One history from several (e.g. one per data-parallel rank): per prompt, the latest record wins.
+
+        Ties on the step (two ranks rolled the same prompt out in one step) keep the record with more
+        sightings, then the larger mean |A|, so the result does not depend on the ranks' order.
+        """
+        out: dict[str, PromptRecord] = {}
+        half_life = None
+        for h in histories:
+            half_life = h.half_life if half_life is None else half_life
+            for pid, rec in h.records.items():
+                cur = out.get(pid)
+                if cur is None or ((rec.step, rec.seen, rec.mean_abs_advantage)
+                                   > (cur.step, cur.seen, cur.mean_abs_advantage)):
+                    out[pid] = rec
+        return cls(out, half_life=half_life)
