@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import random
 
-from dppo_core.tools.bench import compare, crossing_time, time_to_target, token_cost_bound
 from dppo_core.packing import PackSequence, pack, pad, plan_rows
+from dppo_core.tools.bench import compare, crossing_time, time_to_target, token_cost_bound
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: time to target, between the evaluations
