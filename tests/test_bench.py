@@ -259,15 +259,58 @@ def test_update_readme_rewrites_only_between_the_markers_and_needs_them(tmp_path
 # --------------------------------------------------------------------------------------------------
 
 
-def test_time_to_target_is_the_first_evaluation_at_or_above_it_without_interpolation():
+def test_time_to_target_is_the_crossing_interpolated_between_evaluations():
     curve = [{"train_s": 0.0, "sampled_accuracy": 0.40}, {"train_s": 10.0, "sampled_accuracy": None},
              {"train_s": 20.0, "sampled_accuracy": 0.58}, {"train_s": 30.0, "sampled_accuracy": 0.55},
              {"train_s": 40.0, "sampled_accuracy": 0.60}]
-    assert time_to_target(curve, 0.57) == 20.0
-    assert time_to_target(curve, 0.58) == 20.0  # "reaches" includes equality
-    assert time_to_target(curve, 0.59) == 40.0  # the dip at 30 s does not count
-    assert time_to_target(curve, 0.40) == 0.0
-    assert time_to_target(curve, 0.61) is None
+    # between 0.40 at 0 s and 0.58 at 20 s (the evaluation without an accuracy at 10 s is skipped)
+    assert time_to_target(curve, 0.49) == pytest.approx(10.0)
+    assert time_to_target(curve, 0.57) == pytest.approx(20.0 * 0.17 / 0.18)
+    assert time_to_target(curve, 0.58) == 20.0  # "reaches" includes equality: that evaluation's time exactly
+    # the dip at 30 s does not count: 0.59 is first reached between 0.55 at 30 s and 0.60 at 40 s
+    assert time_to_target(curve, 0.59) == pytest.approx(38.0)
+    assert time_to_target(curve, 0.60) == 40.0
+    assert time_to_target(curve, 0.40) == 0.0  # the first evaluation already reaches it: its time
+    assert time_to_target(curve, 0.30) == 0.0
+    assert time_to_target(curve, 0.61) is None  # never reached: None, not the end of the run
+    assert time_to_target([], 0.5) is None
+    late = [{"train_s": 5.0, "sampled_accuracy": None}, {"train_s": 15.0, "sampled_accuracy": 0.7}]
+    assert time_to_target(late, 0.5) == 15.0  # the first evaluation with an accuracy, wherever it falls
+    # never later than the first evaluation at or above the target, and None exactly when that is None
+    for target in (0.3, 0.45, 0.5, 0.57, 0.58, 0.59, 0.6, 0.61):
+        first = next((p["train_s"] for p in curve if p["sampled_accuracy"] is not None
+                      and p["sampled_accuracy"] >= target), None)
+        t = time_to_target(curve, target)
+        assert (t is None) == (first is None) and (t is None or t <= first), target
+
+
+def test_summarize_bench_times_each_run_to_target_by_the_interpolated_crossing(tmp_path):
+    """bench.json's time_to_target_s (so the main table and its speedups) is the interpolated crossing, the
+    same definition as speedup_vs: here grpo and dppo cross the target between evaluations."""
+    def write_run(method, step_time, accs):
+        d = bench.run_dir(tmp_path, method, 0)
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"machine": "m", "elapsed_s": 1.0}))
+        (d / "config.json").write_text(json.dumps({"seed": 0, "output_dir": str(d)}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step_time}) + "\n"
+                                                 for s in range(1, 5)))
+        (d / "eval.jsonl").write_text("".join(json.dumps({"step": 2 * k, "sampled_accuracy": a}) + "\n"
+                                              for k, a in enumerate(accs)))
+
+    write_run("grpo", 10.0, (0.40, 0.50, 0.60))   # evaluations at 0, 20 and 40 s of training
+    write_run("dppo", 5.0, (0.40, 0.56, 0.58))    # at 0, 10 and 20 s
+    result = bench.summarize_bench(tmp_path, "mine", ("grpo", "dppo"), (0,))
+    target = 0.95 * 0.60  # 0.57
+    assert result["target_accuracy"] == pytest.approx(target)
+    grpo, dppo = result["methods"]["grpo"], result["methods"]["dppo"]
+    assert grpo["time_to_target_s"] == pytest.approx(20.0 + 0.07 / 0.10 * 20.0)  # 34 s, not the evaluation at 40 s
+    assert dppo["time_to_target_s"] == pytest.approx(10.0 + 0.01 / 0.02 * 10.0)  # 15 s, not the one at 20 s
+    assert [r["time_to_target_s"] for r in result["runs"]] == [grpo["time_to_target_s"], dppo["time_to_target_s"]]
+    ratio = 34.0 / 15.0
+    assert result["speedup_vs_grpo"]["dppo"]["time_to_target"] == pytest.approx(ratio)
+    assert result["speedup_intervals"]["grpo"]["dppo"]["time_to_target"]["mean"] == pytest.approx(ratio)
+    assert result["speedup_vs"]["grpo"]["dppo"]["by_target"]["0.95"]["time_to_target"] == pytest.approx(ratio)
+    assert "interpolated" in result["notes"]["time_to_target_s"]
 
 
 def _method(wall, rollout, reward, update, generated, trained, median=None, ttt=None, prune=0.0, pack=0.0, sync=0.0):
@@ -726,11 +769,12 @@ def test_paired_speedups_are_geometric_means_with_a_t_interval():
     assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "(n=2, 1 missed)" in text and "| `grpo` |" not in text
 
 
-def test_interpolated_crossing_and_accuracy_at_a_time():
+def test_interpolated_time_to_target_and_accuracy_at_a_time():
     curve = [{"train_s": 0.0, "sampled_accuracy": 0.5}, {"train_s": 10.0, "sampled_accuracy": 0.6},
              {"train_s": 20.0, "sampled_accuracy": 0.7}]
-    assert bench.crossing_time(curve, 0.65) == pytest.approx(15.0)
-    assert bench.crossing_time(curve, 0.5) == 0.0 and bench.crossing_time(curve, 0.71) is None
+    assert bench.time_to_target(curve, 0.65) == pytest.approx(15.0)
+    assert bench.time_to_target(curve, 0.5) == 0.0 and bench.time_to_target(curve, 0.71) is None
+    assert not hasattr(bench, "crossing_time")  # one definition of the time to target
     assert bench.accuracy_at_time(curve, 5.0) == pytest.approx(0.55)
     assert bench.accuracy_at_time(curve, 50.0) == 0.7 and bench.accuracy_at_time(curve, -1.0) == 0.5
 

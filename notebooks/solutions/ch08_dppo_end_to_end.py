@@ -11,7 +11,7 @@ import math
 import random
 
 from dppo_core.packing import PackSequence, pack, pad, plan_rows
-from dppo_core.tools.bench import compare, crossing_time, time_to_target, token_cost_bound
+from dppo_core.tools.bench import compare, time_to_target, token_cost_bound
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: time to target, between the evaluations
@@ -34,6 +34,13 @@ def my_crossing_time(curve, target):
             return t0 + (target - a0) / (acc - a0) * (point["train_s"] - t0)
         prev = (point["train_s"], acc)
     return None
+
+
+def first_evaluation_at_or_above(curve, target):
+    """§3's coarse time to target: the time of the first evaluation at or above ``target`` (None if none is),
+    resolved to the evaluation cadence."""
+    return next((p["train_s"] for p in curve if p["sampled_accuracy"] is not None and p["sampled_accuracy"] >= target),
+                None)
 
 
 def _evaluated(times, accuracy):
@@ -62,8 +69,9 @@ def exercise_1(my_crossing_time=my_crossing_time) -> None:
            {"step": 10, "train_s": 40.0, "sampled_accuracy": None},
            {"step": 20, "train_s": 80.0, "sampled_accuracy": 0.70}]
     assert math.isclose(my_crossing_time(gap, 0.5), 40.0)
-    # against the package's crossing_time, and next to time_to_target (resolved to the evaluations): never later,
-    # equal when an evaluation lands exactly on the target, None together
+    # against the package's time_to_target (the same interpolated crossing), and next to the coarse first
+    # evaluation at or above the target: never later, equal when an evaluation lands exactly on the target
+    # (or the first one already reaches it), None together
     rng = random.Random(0)
     for _ in range(200):
         t, acc, curve = 0.0, rng.uniform(0.2, 0.5), []
@@ -71,14 +79,15 @@ def exercise_1(my_crossing_time=my_crossing_time) -> None:
             curve.append({"step": 10 * k, "train_s": t, "sampled_accuracy": None if rng.random() < 0.1 else acc})
             t, acc = t + rng.uniform(5.0, 60.0), min(1.0, max(0.0, acc + rng.uniform(-0.08, 0.15)))
         for target in (rng.uniform(0.2, 0.9), *(p["sampled_accuracy"] for p in curve if p["sampled_accuracy"])):
-            mine, coarse = my_crossing_time(curve, target), time_to_target(curve, target)
-            theirs = crossing_time(curve, target)
+            mine, coarse = my_crossing_time(curve, target), first_evaluation_at_or_above(curve, target)
+            theirs = time_to_target(curve, target)
             assert (mine is None) == (theirs is None) == (coarse is None)
             if mine is not None:
                 assert math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-9)
                 assert mine <= coarse + 1e-9
     print(f"crossing 0.5 at {my_crossing_time(dip, 0.5):.1f} s by interpolation; the first evaluation at or above "
-          f"it says {time_to_target(dip, 0.5):.0f} s")
+          f"it says {first_evaluation_at_or_above(dip, 0.5):.0f} s (the package's time_to_target: "
+          f"{time_to_target(dip, 0.5):.1f} s)")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,9 +13,12 @@ Measured per run, from its ``metrics.jsonl`` and ``eval.jsonl`` (kept in ``DIR/r
   phases (rollout, reward, prune, pack, update, sync); tokens generated and trained; the token slots the
   update passes paid for, padding included (``row_capacity``; trained / row_capacity is the density);
 - held-out accuracy at every evaluation: sampled (T=1) and greedy, mean over the trained levels and per level;
-- time to target: the training time of the first evaluation whose sampled accuracy reaches the target,
-  ``TARGET_FRACTION`` (95%) of GRPO's final sampled accuracy (mean over seeds). No interpolation between
-  evaluations, so it is resolved to the evaluation cadence (``eval_steps``).
+- time to target: the training time at which the sampled accuracy first reaches the target,
+  ``TARGET_FRACTION`` (95%) of GRPO's final sampled accuracy (mean over seeds), interpolated linearly between
+  the last evaluation below it and the first at or above it (:func:`~dppo_core.tools.bench.summary.time_to_target`,
+  the one definition every table uses). A run whose first evaluation already reaches it has that evaluation's
+  time (0 before training); a run that never reaches it has None, and a method whose seeds do not all reach
+  it has no mean time (``time_to_target_reached`` says how many did).
 
 Over seeds every number is a mean (``after_std`` is the standard deviation of the final accuracy over
 seeds); per-seed numbers stay in ``bench.json`` under ``runs``. Against ``grpo``:
@@ -99,7 +102,6 @@ from dppo_core.tools.bench.summary import (
     accuracy_at_time,
     aggregate_runs,
     compare,
-    crossing_time,
     paired_speedups,
     read_jsonl,
     speedups_vs,
@@ -115,7 +117,7 @@ __all__ = [
     "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS",
     "REPOSITORY_RAW_URL", "TARGET_FRACTION", "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "BenchError",
     "BenchPreset", "TRLPeer", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
-    "build_configs", "check_methods", "committed_result", "compare", "crossing_time", "describe_machine",
+    "build_configs", "check_methods", "committed_result", "compare", "describe_machine",
     "describe_presets", "format_levels", "format_markdown", "format_table", "interleaved", "method_config",
     "method_lineage", "method_settings", "paired_speedups", "plot_bench", "read_jsonl", "require_trl", "run_bench",
     "run_dir", "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench",

@@ -71,8 +71,10 @@ def package_versions() -> dict[str, str | None]:
 #: What ``bench.json``'s numbers are (stored in it under ``notes``).
 NOTES: dict[str, str] = {
     "wall_s": "training time: sum of step times, evaluation excluded (eval_s)",
-    "time_to_target_s": "training time of the first evaluation at or above target_accuracy "
-                        "(sampled, mean over trained levels); no interpolation",
+    "time_to_target_s": "training time at which the sampled accuracy (mean over trained levels) first reaches "
+                        "target_accuracy, interpolated linearly between the last evaluation below it and the "
+                        "first at or above it; the first evaluation's time if that one already reaches it; "
+                        "None if no evaluation does (a method's mean: None unless every seed reached it)",
     "aggregation": "means over seeds; after_std: standard deviation of the final accuracy over seeds",
     "token_cost_bound": "grpo's time over c_gen * generated + c_train * trained + fixed, with "
                         "grpo's per-token costs (token_costs)",
@@ -91,6 +93,10 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     step's loss and token counts equal; checked), typically the same preset run again with a larger evaluation.
     Every time (steps, phases, so times to target and speedups) is then taken from its runs, and accuracies from
     these: a precise evaluation of the same training, timed by one side-by-side run.
+
+    Each run's ``time_to_target_s`` is :func:`~dppo_core.tools.bench.summary.time_to_target` of its curve: the
+    interpolated crossing of ``target_accuracy`` (``TARGET_FRACTION`` of grpo's final accuracy, mean over seeds),
+    the same definition as the speedups to a target in ``speedup_vs``.
     """
     preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
     name = preset.name if preset is not None else name
@@ -325,7 +331,7 @@ def format_intervals(result: Mapping[str, Any]) -> list[str]:
     for ref, table in (result.get("speedup_intervals") or {}).items():
         lines += ["", f"Speedup over `{ref}`, paired by seed: geometric mean, 95% t-interval on the log ratios, "
                       "seeds with a ratio (a seed where either run missed the target has none).", "",
-                  "| method | median step | training time | time to target (first evaluation at or above it) |",
+                  "| method | median step | training time | time to target (interpolated crossing) |",
                   "|---|---|---|---|"]
         for name, m in table.items():
             if name != ref:

@@ -1,8 +1,9 @@
 """Summaries of a bench's runs: pure functions of their logs (``metrics.jsonl``, ``eval.jsonl``).
 
 One run's totals (:func:`summarize_run`), the means over seeds (:func:`aggregate_runs`), the time to
-target (:func:`time_to_target`), and the comparison with grpo (:func:`compare`): speedups, the
-token-cost bound (:func:`token_cost_bound`) and the fraction of it reached.
+target (:func:`time_to_target`: the crossing of the target, interpolated between evaluations), and the
+comparison with grpo (:func:`compare`): speedups, the token-cost bound (:func:`token_cost_bound`) and the
+fraction of it reached.
 """
 
 from __future__ import annotations
@@ -89,21 +90,15 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
 
 
 def time_to_target(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
-    """Training time of the first evaluation whose sampled accuracy is at least ``target``; None if none is.
+    """Training time at which the sampled accuracy first reaches ``target`` (at or above it): the crossing,
+    interpolated linearly between the last evaluation below the target and the first at or above it.
 
-    No interpolation: the answer is resolved to the evaluation cadence.
+    If the first evaluation already reaches it, that evaluation's time (0 for an evaluation before training);
+    None if no evaluation reaches it (never the end of the run). Evaluations without an accuracy are skipped,
+    and a dip below the target after the first crossing does not count. The bench's one definition: every
+    run's ``time_to_target_s`` and every time-to-target speedup (:func:`compare`, :func:`paired_speedups`,
+    :func:`speedups_vs`) use it.
     """
-    for point in curve:
-        acc = point.get("sampled_accuracy")
-        if acc is not None and acc >= target:
-            return point["train_s"]
-    return None
-
-
-def crossing_time(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
-    """Training time at which the sampled accuracy first reaches ``target``, interpolated linearly between the
-    last evaluation below it and the first at or above it (the first point's time if that one already is);
-    None if no evaluation reaches it."""
     prev = None
     for point in curve:
         acc = point.get("sampled_accuracy")
@@ -154,7 +149,8 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One method's runs (one per seed) -> the means over seeds, in ``bench.json``'s method layout.
 
     ``after_std`` is the sample standard deviation of the final accuracy over seeds (0 for one seed);
-    ``time_to_target_s`` is the mean over seeds if every seed reached the target, else None.
+    ``time_to_target_s`` is the mean over seeds of each run's :func:`time_to_target` if every seed reached the
+    target, else None.
     """
     if not runs:
         raise BenchError("no runs to aggregate")
@@ -255,8 +251,9 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
     """Per method, its speedups over ``reference`` paired by seed, with a 95% confidence interval.
 
     For each seed both ran, the ratio reference / method of the median step time, the training time and the
-    time to target (a seed where either missed the target has no ratio: counted in ``missing``, and the mean
-    over the others then flatters the method that missed). Reported: the geometric mean and a t-interval on
+    time to target (each run's ``time_to_target_s``, the interpolated crossing of :func:`time_to_target`; a seed
+    where either missed the target has no ratio: counted in ``missing``, and the mean over the others then
+    flatters the method that missed). Reported: the geometric mean and a t-interval on
     the log ratios (exp(mean ± t·sd/√n)), ``n`` the seeds with a ratio; with one seed the interval is None.
     Pairing by seed removes what the seeds share (the same prompts, the same evaluation).
     """
@@ -305,7 +302,7 @@ def speedups_vs(runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str,
     """Time-to-target speedups over ``baseline`` with bootstrap intervals, and accuracy at the baseline's time.
 
     Targets are fractions of the baseline's final sampled accuracy (mean over its seeds). Per seed, each run's
-    time to a target is the interpolated crossing of its curve (:func:`crossing_time`); the speedup is
+    time to a target is the interpolated crossing of its curve (:func:`time_to_target`); the speedup is
     Σ baseline time / Σ method time over the seeds where both reached it (``missed`` counts the others), with a
     95% percentile bootstrap interval over those seeds resampled in pairs (None with fewer than two).
     ``accuracy_at_equal_time``: the method's accuracy when the baseline's training time of the same seed is
@@ -322,7 +319,7 @@ def speedups_vs(runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str,
         by_target = {}
         for f in fractions:
             target = f * _mean(finals)
-            times = [(crossing_time(b["curve"], target), crossing_time(m["curve"], target)) for b, m in paired]
+            times = [(time_to_target(b["curve"], target), time_to_target(m["curve"], target)) for b, m in paired]
             both = [(tb, tm) for tb, tm in times if tb is not None and tm is not None and tb > 0 and tm > 0]
             ci = _bootstrap_ratio(both, draws, seed)
             ratio = sum(b for b, _ in both) / sum(m for _, m in both) if both else None
