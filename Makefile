@@ -30,13 +30,13 @@ PERTURBED := ATEN_CPU_CAPABILITY=$(PERTURBED_ATEN) MKL_CBWR=COMPATIBLE ONEDNN_MA
 	DPPO_CACHE_DIR=$(CURDIR)/.cache/dppo-perturbed
 NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: setup demo test test-perturbed test-fast lint notebooks clean
+.PHONY: setup demo test test-perturbed test-fast lint hooks notebooks clean
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m dppo_core demo
+	$(PY) -m dppo_core demo --overwrite
 
 # The warm-started tiny model ships with the package (copied into the cache at first use): notebooks use it.
 # (setup with DPPO_SETUP_BROWSER=1 also makes sure Chromium is there for tests/test_browser.py.)
@@ -61,8 +61,16 @@ notebooks: setup
 	$(PY) -m dppo_core build
 	$(PY) scripts/time_notebooks.py --write-outputs
 
+# ruff, then mypy on the library as pyproject.toml's [tool.mypy] says (strict on the core modules; the cache in
+# .mypy_cache makes a second run take seconds), then the commit subjects (at most 72 characters).
 lint: setup
-	$(PY) -m ruff check dppo_core tests scripts benchmarks notebooks/solutions
+	$(PY) -m ruff check dppo_core tests scripts benchmarks notebooks/solutions examples
+	$(PY) -m mypy
+	$(PY) scripts/check_commit_subjects.py
+
+# A commit-msg hook that refuses a subject over 72 characters before the commit is made.
+hooks:
+	git config core.hooksPath .githooks
 
 clean:
-	rm -rf .venv .cache .pytest_cache build *.egg-info
+	rm -rf .venv .cache .pytest_cache .mypy_cache build *.egg-info

@@ -27,8 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dppo_core.config import ConfigError
+
 #: Appended to a problem that does not already ask for a boxed answer (GSM8K, Hub copies of the others).
 BOX_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+class DataError(ConfigError):
+    """A task or benchmark that cannot be read as given: the message names the file (and line) and the fix."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class BenchmarkRecord:
 
 def _gsm8k_answer(solution: str, where: str) -> str:
     if "####" not in solution:
-        raise ValueError(f"{where}: a GSM8K answer must end in '#### <number>', got {solution[-80:]!r}")
+        raise DataError(f"{where}: a GSM8K answer must end in '#### <number>', got {solution[-80:]!r}")
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
@@ -99,7 +105,7 @@ def _boxed_answer(solution: str, where: str) -> str:
 
     boxes = find_boxed(solution)
     if not boxes:
-        raise ValueError(f"{where}: the solution has no \\boxed{{}} answer: {solution[-80:]!r}")
+        raise DataError(f"{where}: the solution has no \\boxed{{}} answer: {solution[-80:]!r}")
     return boxes[-1][0].strip()
 
 
@@ -118,7 +124,7 @@ def make_record(row: dict, spec: BenchmarkSpec, source: str, index: int, where: 
     answer_key = next((k for k in spec.answer_fields if k in row), None)
     for key, wanted in ((problem_key, spec.problem_fields), (answer_key, spec.answer_fields)):
         if key is None:
-            raise ValueError(
+            raise DataError(
                 f"{where}: missing field {' or '.join(map(repr, wanted))} (fields present: {sorted(row)}); "
                 "each row needs a problem and an answer"
             )
@@ -148,23 +154,23 @@ def read_jsonl(path: str | Path, spec: BenchmarkSpec | None = None, source: str 
         )
     source = source or _name_for_file(path.name) or path.stem
     spec = spec or BENCHMARKS.get(source) or BenchmarkSpec(path.name, "", "", answer_format="auto")
-    records = []
+    records: list[BenchmarkRecord] = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); save the file as "
+                raise DataError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); save the file as "
                                  "UTF-8") from e
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from e
+                raise DataError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from e
             if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+                raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
             records.append(make_record(row, spec, source, len(records), where))
             if limit is not None and len(records) >= limit:
                 break
@@ -213,13 +219,13 @@ def load_benchmark(name_or_path: str | Path, *, data_dir: str | Path | None = No
     if path.suffix == ".jsonl" or path.is_file():
         return read_jsonl(path, limit=limit)
     if path.is_dir():
-        raise ValueError(
+        raise DataError(
             f"{path} is a directory; pass a benchmark name with data_dir={str(path)!r}, "
             f"e.g. load_benchmark('gsm8k', data_dir={str(path)!r})"
         )
     name = str(name_or_path).lower().replace("-", "_")
     if name not in BENCHMARKS:
-        raise ValueError(
+        raise DataError(
             f"unknown benchmark {str(name_or_path)!r}: known names are {', '.join(BENCHMARKS)}, "
             "or pass the path of a .jsonl file"
         )

@@ -18,15 +18,82 @@ import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from dppo_core.config import ConfigError
 from dppo_core.history import PromptHistory
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedConfig, PreTrainedModel
+
 CHECKPOINT_PREFIX = "checkpoint-"
 LOG_FILES = ("metrics.jsonl", "eval.jsonl")
+#: What makes a directory hold a run (besides ``checkpoint-N/``): a fresh run there would replace them.
+RUN_FILES = ("config.json", *LOG_FILES, "final")
+
+
+class RunExistsError(ConfigError):
+    """``output_dir`` holds a run and neither resume nor overwrite was asked for: nothing was changed."""
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Raise :class:`ConfigError` naming ``output_dir`` if a run cannot be written there: it is a file, a part
+    of its path is a file, or it cannot be created."""
+    for part in (output_dir, *output_dir.parents):
+        if part.exists() and not part.is_dir():
+            where = "is a file" if part == output_dir else f"lies under {part}, which is a file"
+            raise ConfigError(f"output_dir={str(output_dir)!r} {where}; choose a directory (--output-dir DIR)")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output_dir={str(output_dir)!r} cannot be created ({exc.strerror}); choose a directory "
+                          "you can write (--output-dir DIR)") from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir={str(output_dir)!r} is not writable; choose a directory you can write "
+                          "(--output-dir DIR)")
+
+
+def run_files(output_dir: Path) -> list[str]:
+    """The names in ``output_dir`` that belong to a run (logs, config.json, final/, checkpoints), sorted."""
+    if not output_dir.is_dir():
+        return []
+    names = [name for name in RUN_FILES if (output_dir / name).exists()]
+    return names + [d.name for d in list_checkpoints(output_dir)]
+
+
+def aside_path(output_dir: Path) -> Path:
+    """Where :func:`move_aside` would put ``output_dir``'s run: ``<name>.previous-<n>`` beside it, the first n free."""
+    n = 1
+    while (candidate := output_dir.with_name(f"{output_dir.name}.previous-{n}")).exists():
+        n += 1
+    return candidate
+
+
+def move_aside(output_dir: Path) -> Path:
+    """Rename ``output_dir`` (the whole directory, one atomic step) to :func:`aside_path` and create it again
+    empty; nothing is deleted. Returns where the earlier run is now."""
+    target = aside_path(output_dir)
+    os.rename(output_dir, target)
+    output_dir.mkdir()
+    return target
+
+
+def refuse_or_move_aside(output_dir: Path, *, resume: bool, overwrite: bool, what: str = "a run",
+                         resume_hint: str = "continue it with --resume") -> Path | None:
+    """Before a run writes to ``output_dir``: nothing to do if it holds no run, or with ``resume``; with
+    ``overwrite`` the earlier run is moved aside (returns where); otherwise :class:`RunExistsError`."""
+    found = run_files(output_dir)
+    if not found or resume:
+        return None
+    if not overwrite:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise RunExistsError(f"output_dir={str(output_dir)!r} holds {what} ({shown}); {resume_hint}, or pass "
+                             f"--overwrite to move it to {aside_path(output_dir).name} first, or choose another "
+                             "--output-dir. Nothing was changed")
+    return move_aside(output_dir)
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -70,7 +137,7 @@ def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module, tokeniz
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{CHECKPOINT_PREFIX}", dir=output_dir))
     try:
         with quiet_transformers():
-            model.save_pretrained(tmp / "model")
+            cast("PreTrainedModel | PeftModel", model).save_pretrained(str(tmp / "model"))
             tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "prompt_history.json").write_text(json.dumps(estimator_state))
@@ -140,7 +207,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], updat
     """Load a checkpoint's weights: the whole model (``full``) or the LoRA adapter (the others)."""
     if update_mode == "full":
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        if model.config.tie_word_embeddings:  # save_pretrained drops the tied copy
+        if cast("PreTrainedConfig", model.config).tie_word_embeddings:  # save_pretrained drops the tied copy
             missing = [m for m in missing if m != "lm_head.weight"]
         if missing or unexpected:
             raise ConfigError(f"checkpoint {path} does not match the model (missing {missing[:3]}, "
@@ -181,15 +248,14 @@ def truncate_logs(output_dir: Path, step: int, final: bool) -> None:
 
 
 def start_afresh(output_dir: Path) -> None:
-    """A fresh run in ``output_dir``: an earlier run's logs and checkpoints are removed (with a note)."""
-    for name in LOG_FILES:
-        (output_dir / name).unlink(missing_ok=True)
-    stale = list_checkpoints(output_dir)
-    if stale:
-        print(f"starting afresh in {output_dir}: removing {len(stale)} checkpoint(s) of an earlier run "
-              "(use --resume to continue it instead)", flush=True)
-        for old in stale:
-            shutil.rmtree(old, ignore_errors=True)
+    """``--resume`` in a directory with no checkpoint: the earlier attempt's logs are removed (with a note), since
+    its steps are run again from the start."""
+    found = [name for name in LOG_FILES if (output_dir / name).exists()]
+    if found:
+        print(f"--resume: no checkpoint in {output_dir}, so the run starts at step 0 and its logs ({', '.join(found)}) "
+              "are written again", flush=True)
+    for name in found:
+        (output_dir / name).unlink()
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -207,7 +273,7 @@ def save_final(output_dir: Path, model: torch.nn.Module, tokenizer: Any) -> None
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-final-", dir=output_dir))
     try:
         with quiet_transformers():
-            model.save_pretrained(tmp)
+            cast("PreTrainedModel | PeftModel", model).save_pretrained(str(tmp))
             tokenizer.save_pretrained(tmp)
         target = output_dir / "final"
         if target.exists():  # out of the way first: "final" is never half-written (at worst absent until resume)

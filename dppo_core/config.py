@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pru
 PROMPT_SCHEMES = (*SCHEMES, "posterior")  # prompt_scheme: posterior scores every prompt by its whole history
 COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
-LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.trainer.learning_rate_at
+LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: learning_rate_at below
 
 
 class ConfigError(ValueError):
@@ -110,9 +112,12 @@ class DPPOConfig:
     lr_schedule: str = "constant"
     """After the warm-up: ``"constant"``, or ``"cosine"`` / ``"linear"`` decay from ``learning_rate`` to
     ``min_lr_ratio * learning_rate`` at step ``max_steps`` (so raising ``max_steps`` on resume stretches the
-    decay). A function of the step alone, so a resumed run follows the same schedule."""
+    decay). A function of the step alone, so a resumed run follows the same schedule. The presets keep
+    ``constant`` (equal tuning kept it for every method, docs/benchmarks.md); set a decay for a long run whose
+    accuracy flattens while the loss still moves, as TRL's ``lr_scheduler_type`` does."""
     min_lr_ratio: float = 0.0
-    """Where a decaying ``lr_schedule`` ends, as a fraction of ``learning_rate`` (0: decay to zero)."""
+    """Where a decaying ``lr_schedule`` ends, as a fraction of ``learning_rate`` (0: decay to zero); set it with a
+    decay that should not stop learning at the end (e.g. 0.1, TRL's ``cosine_with_min_lr``)."""
 
     # --- pruning (DPPO, chapter 05-06) -------------------------------------------------------------
     pruning: str = "none"
@@ -145,8 +150,11 @@ class DPPOConfig:
     """Adapt the completion prune rate per step: the largest rate up to ``completion_prune_rate`` (in steps of 0.05)
     whose predicted Kish effective sample size of the step's weights is at least this (None: the fixed rate). The
     rate depends only on the step's advantages and the prompts' keep probabilities, so the loss and its gradient
-    at the step's parameters stay unbiased; it prunes more when many completions carry signal and less when
-    signal is scarce."""
+    conditional on the step's prompt draw stay unbiased; it prunes more when many completions carry signal and
+    less when signal is scarce. No preset sets it: in the ablation on one seed
+    (``benchmarks/results/ablation``) a target of 48 reached the target accuracy 1.74x sooner than ``grpo_skip``,
+    against 1.36x for the same scheme at a fixed rate of 0.7 and 1.79x for the preset's ``length`` scheme; set it
+    when the share of informative groups changes a lot during a run."""
     length_exponent: float = 0.5
     """``completion_scheme: length``: gamma in p ∝ |A| / len^gamma (0.5: gradient size independent of length;
     1: shrinking like 1 / sqrt(len))."""
@@ -172,9 +180,13 @@ class DPPOConfig:
     1/(|B|*G) in its step, less where it shares the window with many low-probability prompts: over many steps
     this is not fixed-size GRPO's objective with ``prompts_per_step`` prompts."""
     prompt_window_factor: int = 4
-    """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead."""
+    """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead. Raise it only if
+    the prompt keep probabilities are so low that the window fills up before ``prompts_per_step`` are expected
+    to be kept (then fewer are rolled out than asked)."""
     history_max_age: int | None = None
-    """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never."""
+    """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never. The
+    ``posterior`` scheme discounts old evidence already (``posterior_half_life``); set this with the ``paper`` or
+    ``proportional`` scheme when the policy moves fast enough that a record many steps old misleads."""
 
     # --- packing (chapter 07) ---------------------------------------------------------------------
     packing: bool = False
@@ -184,7 +196,9 @@ class DPPOConfig:
     """Token budget of a packed row (a longer sequence gets a row of its own, never truncated). On CPU, a
     few times the typical sequence length (the masked attention pays for row length squared)."""
     packing_window: int = 16
-    """The greedy packer looks this many sequences ahead for the longest one that still fits a row."""
+    """The greedy packer looks this many sequences ahead for the longest one that still fits a row. Set it only
+    when ``update_density`` (logged per step: real tokens over token slots) is low; on the CPU benchmark's packed
+    updates it is 0.89-0.91 (median per run, ``benchmarks/results/cpu-baselines``, seed 1) with the default."""
     packing_rows_per_micro_batch: int = 16
     """Packed rows per forward/backward pass (replaces ``micro_batch_size`` when ``packing`` is on)."""
     shared_prefix: bool = False
@@ -207,7 +221,8 @@ class DPPOConfig:
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Module names that get LoRA adapters."""
+    """Module names that get LoRA adapters (Qwen3, Llama and Qwen2 name them so); set it for a model whose
+    projection layers are named otherwise (e.g. ``["c_attn", "c_proj"]`` for GPT-2), or to adapt fewer."""
     attn_implementation: str = "auto"
     """The policy's attention kernel: ``"auto"`` (on a CUDA device ``flash_attention_2`` when the ``flash-attn``
     package is installed, else ``torch_varlen``, so a packed update runs a variable-length kernel; ``sdpa`` on
@@ -238,9 +253,11 @@ class DPPOConfig:
     ``gsm8k``, or jsonl paths; see :func:`dppo_core.benchmark_data.load_benchmark`), pass@1 greedy and
     sampled, logged in eval.jsonl. Empty: such runs log no accuracy."""
     eval_benchmark_limit: int | None = None
-    """Evaluate on the first this many problems of each of ``eval_benchmarks``; None: all of them."""
+    """Evaluate on the first this many problems of each of ``eval_benchmarks``; None: all of them. Set it to keep
+    each evaluation short during a run (e.g. 100), and evaluate the final model on everything with ``dppo eval``."""
     tensorboard: bool = False
-    """Also write TensorBoard scalars (needs the ``tensorboard`` package)."""
+    """Also write TensorBoard scalars (needs the ``tensorboard`` package), to watch a long run live; the same
+    numbers are always in ``metrics.jsonl`` and ``eval.jsonl``."""
     deterministic: bool = True
     """Use deterministic torch algorithms (on CPU this makes runs repeatable step for step)."""
     device: str = "auto"
@@ -408,16 +425,34 @@ class DPPOConfig:
         return json.dumps(self.to_dict(), indent=2)
 
 
+def learning_rate_at(step: int, config: DPPOConfig) -> float:
+    """The learning rate of (0-based) ``step``: linear warm-up over ``warmup_steps`` (step 0 at
+    ``learning_rate / warmup_steps``), then ``lr_schedule`` decays from ``learning_rate`` towards
+    ``min_lr_ratio * learning_rate``, which it would reach at step ``max_steps`` (the last step, ``max_steps - 1``,
+    is one step short of it)."""
+    c = config
+    if step < c.warmup_steps:
+        return c.learning_rate * (step + 1) / c.warmup_steps
+    if c.lr_schedule == "constant":
+        return c.learning_rate
+    progress = min(1.0, (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if c.lr_schedule == "cosine" else 1.0 - progress
+    return c.learning_rate * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * shape)
+
+
 def field_docs() -> dict[str, str]:
     """Each field's documentation (the string under it in the class body), for ``--help`` and docs."""
     import ast
     import inspect
 
     tree = ast.parse(inspect.getsource(DPPOConfig))
-    body = tree.body[0].body
+    class_def = tree.body[0]
+    assert isinstance(class_def, ast.ClassDef)  # the source of a class is its definition
+    body = class_def.body
     docs = {}
     for node, nxt in zip(body, body[1:], strict=False):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            assert isinstance(node.target, ast.Name)  # a field of a class body is a plain name
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
@@ -433,7 +468,9 @@ def field_groups() -> dict[str, list[str]]:
     header = re.compile(r"^\s*# -+ (.+?) -+\s*$")
     groups: dict[str, list[str]] = {}
     current, seen = "other", 0  # the group, and the source lines read for headers so far
-    for node in ast.parse(source).body[0].body:
+    class_def = ast.parse(source).body[0]
+    assert isinstance(class_def, ast.ClassDef)  # the source of a class is its definition
+    for node in class_def.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             for line in lines[seen : node.lineno - 1]:
                 if match := header.match(line):
@@ -474,7 +511,7 @@ def _coerce(name: str, value: Any, type_text: str, source: str) -> Any:
         if base.startswith("tuple["):
             items = value if isinstance(value, (list, tuple)) else [value]
             inner = base[len("tuple["):].split(",")[0].strip()
-            conv = {"int": int, "float": float, "str": str}.get(inner, lambda x: x)
+            conv: Callable[[Any], Any] = {"int": int, "float": float, "str": str}.get(inner, lambda x: x)
             return tuple(conv(x) for x in items)
         if base == "str":
             return str(value)

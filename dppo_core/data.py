@@ -54,11 +54,24 @@ def prompt_key(row: dict[str, Any]) -> str:
     return str(row["id"]) if row.get("id") is not None else json.dumps(row["prompt"], sort_keys=True)
 
 
+def check_levels(config: DPPOConfig) -> None:
+    """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-5)."""
+    from dppo_core.tasks import LEVELS
+
+    for name in ("train_levels", "eval_levels"):
+        levels = getattr(config, name) or ()
+        if not set(levels) <= set(LEVELS):
+            raise ConfigError(f"{name}={list(levels)!r}: the embedded task has levels {list(LEVELS)}; choose among "
+                              "them, e.g. [2, 3, 4, 5]")
+
+
 def build_prompt_source(config: DPPOConfig) -> PromptSource:
     """The training prompts of ``config.task``; with ``train_pool_size``, the fixed pool of that many."""
     if config.task == "arithmetic":
+        check_levels(config)
         task = ArithmeticTask(config.train_levels)
-        rows, weights = [], []
+        rows: list[dict[str, Any]] = []
+        weights: list[float] = []
         level_w = config.level_weights or [1.0] * len(task.levels)
         for level, w in zip(task.levels, level_w, strict=True):
             problems: list[Problem] = task.train(level)

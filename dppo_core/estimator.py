@@ -35,7 +35,7 @@ Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL and verl al
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -73,6 +73,10 @@ def full_selection(size: int) -> Selection:
     return Selection(list(range(size)), torch.ones(size, dtype=torch.float64), size)
 
 
+#: An estimator setting whose :class:`~dppo_core.config.DPPOConfig` field has another name.
+CONFIG_NAMES = {"group_size": "num_generations"}
+
+
 @dataclass(kw_only=True)
 class Estimator:
     """``none``: plain GRPO, every prompt and completion, weight 1, normaliser P·G.
@@ -92,8 +96,10 @@ class Estimator:
 
     @classmethod
     def from_config(cls, config: Any) -> Estimator:
-        """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names)."""
-        return cls(seed=config.seed, history_max_age=config.history_max_age)
+        """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names): each of this
+        estimator's settings is the config field of the same name (``group_size`` is ``num_generations``)."""
+        settings = [f.name for f in fields(cls) if f.init and f.name != "history"]
+        return cls(**{name: getattr(config, CONFIG_NAMES.get(name, name)) for name in settings})
 
     # --- before rollout ---------------------------------------------------------------------------
     def num_candidates(self, size: int) -> int:
@@ -194,7 +200,7 @@ class DPPOEstimator(PromptPruning):
     length_exponent: float = 0.5  # γ of the ``length`` completion scheme
     completion_target_ess: float | None = None  # adapt the completion rate per step (at most the rate above)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.history.half_life = self.posterior_half_life
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -205,20 +211,6 @@ class DPPOEstimator(PromptPruning):
         elif name == "posterior_half_life" and "history" in self.__dict__:
             self.history.half_life = value
         super().__setattr__(name, value)
-
-    @classmethod
-    def from_config(cls, config: Any) -> DPPOEstimator:
-        return cls(seed=config.seed, history_max_age=config.history_max_age,
-                   prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
-                   fixed_size_design=config.fixed_size_design,
-                   dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor,
-                   completion_prune_rate=config.completion_prune_rate, prompt_scheme=config.prompt_scheme,
-                   completion_scheme=config.completion_scheme, min_prompt_keep_prob=config.min_prompt_keep_prob,
-                   min_completion_keep_prob=config.min_completion_keep_prob,
-                   drop_zero_advantage=config.drop_zero_advantage, beta=config.beta,
-                   group_size=config.num_generations, scale_rewards=config.scale_rewards,
-                   posterior_half_life=config.posterior_half_life, length_exponent=config.length_exponent,
-                   completion_target_ess=config.completion_target_ess)
 
     @property
     def needs_lengths(self) -> bool:
@@ -282,11 +274,6 @@ class CPPOEstimator(Estimator):
     name: ClassVar[str] = "cppo"
     completion_prune_rate: float = 0.0
 
-    @classmethod
-    def from_config(cls, config: Any) -> CPPOEstimator:
-        return cls(seed=config.seed, history_max_age=config.history_max_age,
-                   completion_prune_rate=config.completion_prune_rate)
-
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
               rewards: torch.Tensor | None = None) -> Weighting:
         keep = pruning.cppo_keep(advantages, self.completion_prune_rate)
@@ -299,13 +286,6 @@ class GRESOEstimator(PromptPruning):
     the rest train with weight 1 and normaliser P·G over the kept prompts only."""
 
     name: ClassVar[str] = "greso"
-
-    @classmethod
-    def from_config(cls, config: Any) -> GRESOEstimator:
-        return cls(seed=config.seed, history_max_age=config.history_max_age,
-                   prompt_prune_rate=config.prompt_prune_rate, fixed_size_sampling=config.fixed_size_sampling,
-                   fixed_size_design=config.fixed_size_design,
-                   dense_prompts=config.dense_prompts, prompt_window_factor=config.prompt_window_factor)
 
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         # GRESO has no budget rule: a dense window keeps its skip probabilities as they are
@@ -324,11 +304,6 @@ class PODSEstimator(Estimator):
     needs_rewards: ClassVar[bool] = True
     completion_prune_rate: float = 0.0
     scale_rewards: str = "group"
-
-    @classmethod
-    def from_config(cls, config: Any) -> PODSEstimator:
-        return cls(seed=config.seed, history_max_age=config.history_max_age,
-                   completion_prune_rate=config.completion_prune_rate, scale_rewards=config.scale_rewards)
 
     def num_kept(self, group_size: int) -> int:
         return max(2, group_size - round(self.completion_prune_rate * group_size))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +91,8 @@ def evaluate_task(
         problems: the problems to use; default: the first ``n_per_level`` test problems of every level.
         samples_per_problem: completions per problem (use > 1 with ``temperature > 0``).
         temperature: 0 for greedy decoding, 1 for the policy's own sampling distribution.
-        progress: show a progress bar (problems are sent to the engine ``chunk_size`` at a time).
+        progress: show a progress bar where stderr is a terminal (problems are sent to the engine ``chunk_size``
+            at a time).
     """
     from tqdm.auto import tqdm
 
@@ -99,7 +100,7 @@ def evaluate_task(
         problems = ArithmeticTask().test_set(n_per_level)
     groups = []
     desc = "eval " + ("greedy" if temperature == 0 else f"T={temperature:g}")
-    with tqdm(total=len(problems), desc=desc, disable=not progress, unit="problem") as bar:
+    with tqdm(total=len(problems), desc=desc, disable=None if progress else True, unit="problem") as bar:
         for start in range(0, len(problems), chunk_size):
             chunk = problems[start : start + chunk_size]
             # a distinct, reproducible seed per chunk, so results do not depend on the chunking alone
@@ -248,7 +249,7 @@ def _benchmark_result(name: str, correct_counts: list[int], lengths: list[int], 
 
 def evaluate_benchmarks(
     engine,
-    benchmarks: dict[str, Sequence],
+    benchmarks: Mapping[str, Sequence],
     *,
     samples_per_problem: int = 1,
     ks: Sequence[int] = (1,),
@@ -299,7 +300,7 @@ def evaluate_benchmarks(
                 "extraction": extraction if reward_fn is None else "custom"}
     reward_fn = reward_fn or functools.partial(math_rewards, mode=extraction)
     total = sum(len(records) for records in benchmarks.values())
-    bar = tqdm(total=total, desc="eval", unit="problem", disable=not progress)
+    bar = tqdm(total=total, desc="eval", unit="problem", disable=None if progress else True)  # None: on a terminal
     results: dict[str, BenchmarkResult] = {}
     completions: list[dict] = []
     for name, records in benchmarks.items():
@@ -331,7 +332,7 @@ def evaluate_benchmarks(
 
 
 def evaluate_policy(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequence[str] = (),
-                    benchmark_limit: int | None = None) -> dict[str, Any]:
+                    benchmark_limit: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Greedy and sampled held-out accuracy of the policy behind ``engine``: the record a run logs at ``step``.
 
     The embedded task (``config.task == "arithmetic"``): the first ``eval_problems_per_level`` test problems
@@ -349,22 +350,24 @@ def evaluate_policy(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequ
         engine: a rollout engine serving the policy (``generate(prompts, num_generations, sampling)``):
             the run's own, or :class:`~dppo_core.rollout.HFRollout` around a model.
         step: the optimizer step the policy is at (the record's ``step``).
+        progress: progress bars where stderr is a terminal (quiet in logs, CI and tests).
     """
     if config.task == "arithmetic":
-        return _task_record(config, engine, step)
+        return _task_record(config, engine, step, progress)
     if benchmarks:
-        return _benchmark_record(config, engine, step, benchmarks, benchmark_limit)
+        return _benchmark_record(config, engine, step, benchmarks, benchmark_limit, progress)
     return {"step": step}
 
 
-def _task_record(config: DPPOConfig, engine: Any, step: int) -> dict[str, Any]:
+def _task_record(config: DPPOConfig, engine: Any, step: int, progress: bool = False) -> dict[str, Any]:
     c = config
     levels = c.eval_levels or c.train_levels
     task = ArithmeticTask(levels)  # built once per evaluation, not once per level
     problems = [p for lvl in levels for p in task.test(lvl, c.eval_problems_per_level)]
-    greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed)
+    greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed,
+                           progress=progress)
     sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
-                            max_tokens=c.max_completion_length, seed=c.seed)
+                            max_tokens=c.max_completion_length, seed=c.seed, progress=progress)
     record: dict[str, Any] = {"step": step}
     trained = [lvl for lvl in c.train_levels if lvl in levels] or list(levels)
     for name, ev in (("greedy", greedy), ("sampled", sampled)):
@@ -380,14 +383,14 @@ def _task_record(config: DPPOConfig, engine: Any, step: int) -> dict[str, Any]:
 
 
 def _benchmark_record(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequence[str],
-                      limit: int | None) -> dict[str, Any]:
+                      limit: int | None, progress: bool = False) -> dict[str, Any]:
     from dppo_core.benchmark_data import load_benchmark
 
     data = {name: load_benchmark(name, limit=limit) for name in benchmarks}
     record: dict[str, Any] = {"step": step}
     for kind, temperature, samples in (("greedy", 0.0, 1), ("sampled", 1.0, config.eval_samples)):
         ev = evaluate_benchmarks(engine, data, samples_per_problem=samples, temperature=temperature,
-                                 max_tokens=config.max_completion_length, seed=config.seed, progress=False)
+                                 max_tokens=config.max_completion_length, seed=config.seed, progress=progress)
         record[f"{kind}_accuracy"] = ev.average(1)
         record[f"{kind}_stderr"] = math.sqrt(sum(r.stderr ** 2 for r in ev.results.values())) / len(ev.results)
         for name, r in ev.results.items():

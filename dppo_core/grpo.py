@@ -126,6 +126,7 @@ def policy_loss(
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
     kl = None
     if beta > 0:
+        assert ref_logprobs is not None  # checked above
         kl = kl_k3(logprobs, ref_logprobs)
         per_token = per_token + beta * kl
     if token_weights is not None:  # the engine's mismatch, corrected token by token

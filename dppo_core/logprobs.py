@@ -12,10 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from dppo_core.grpo import token_logprobs, truncated_importance_weights
+
+if TYPE_CHECKING:
+    from dppo_core.config import DPPOConfig
 
 
 @dataclass
@@ -73,7 +77,7 @@ def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor)
     return grid.to(like.device)
 
 
-def engine_weights(config, level: str, seqs: Sequences, idx: Sequence[int], old_logprobs: torch.Tensor,
+def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Sequence[int], old_logprobs: torch.Tensor,
                    mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
     ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|)."""
@@ -87,8 +91,9 @@ def engine_weights(config, level: str, seqs: Sequences, idx: Sequence[int], old_
                "engine_logprob_diff_max": diff.max().item() if diff.numel() else 0.0}
 
 
-def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                                  temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs_with_grad(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                                  completion_ids: Sequence[Sequence[int]], temperature: float,
+                                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each completion given its prompt, padded to (N, T_max), and the mask.
 
     Sequences are right-padded into one (N, L) batch; the logits at position t predict token t+1.
@@ -117,7 +122,7 @@ def completion_logprobs_with_grad(model, prompt_ids: Sequence[Sequence[int]], co
 Forward = Callable[[torch.nn.Module, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def layout_micro_batches(seqs: Sequences, config, pad_id: int,
+def layout_micro_batches(seqs: Sequences, config: DPPOConfig, pad_id: int,
                          segments: bool = False) -> tuple[list[list[int]], Forward, dict[str, float]]:
     """Split ``seqs`` into micro-batches: their indices, a forward ``f(model, k)`` giving ``(logprobs, mask)`` of
     micro-batch k, and layout stats (rows, token-slot capacity, density, padding avoided).
@@ -163,7 +168,7 @@ def layout_micro_batches(seqs: Sequences, config, pad_id: int,
         "update_density": real / max(1, capacity), "padding_avoided": padded_capacity - capacity}
 
 
-def _shared_prefix_layout(seqs: Sequences, c, pad_id: int, real: int, padded_capacity: int,
+def _shared_prefix_layout(seqs: Sequences, c: DPPOConfig, pad_id: int, real: int, padded_capacity: int,
                           segments: bool) -> tuple[list[list[int]], Forward, dict[str, float]]:
     """``shared_prefix: true``: each prompt once per segment, its completions after it
     (:mod:`dppo_core.shared_prefix`); with ``segments`` one unpadded row per micro-batch, else segments packed

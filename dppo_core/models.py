@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -217,11 +218,11 @@ def qwen3_config(cfg: TinyModelConfig, tokenizer):
         head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=False,
-        rope_theta=10_000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        torch_dtype="float32",
+        dtype="float32",
     )
 
 
@@ -306,7 +307,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     path = Path(path) if Path(path).exists() else path
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        # PreTrainedModel.to is wrapped with functools.wraps, which the type stubs cannot call as a method
+        model = cast(torch.nn.Module, AutoModelForCausalLM.from_pretrained(path, dtype=dtype)).to(device)
     tokenizer.padding_side = "left"
     return model, tokenizer
 
@@ -468,7 +470,7 @@ def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig,
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        bar = tqdm(range(config.steps), desc="warm start", disable=not progress, mininterval=1.0)
+        bar = tqdm(range(config.steps), desc="warm start", disable=None if progress else True, mininterval=1.0)
         for step in bar:
             problems = task.sample_train(rng, config.batch_size, config.level_weights)
             styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]

@@ -47,12 +47,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from dppo_core.grpo import token_logprobs
 from dppo_core.models import block_causal_mask
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 OVERSIZE = ("error", "own_row")
 ATTENTION_ROUTES = ("auto", "mask", "position_ids", "varlen")
@@ -295,14 +299,14 @@ def pack_micro_batches(sequences: Sequence[PackSequence], max_tokens_per_row: in
 # --------------------------------------------------------------------------------------------------
 
 
-def attention_implementation(model) -> str:
+def attention_implementation(model: torch.nn.Module) -> str:
     """The attention backend of a transformers model (PEFT-wrapped or not): "sdpa", "eager", "flash_attention_2", ..."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None) or getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) or "sdpa"
 
 
-def _route(model, attention: str) -> str:
+def _route(model: torch.nn.Module, attention: str) -> str:
     if attention not in ATTENTION_ROUTES:
         raise ValueError(f"attention must be one of {ATTENTION_ROUTES}, got {attention!r}")
     if attention != "auto":
@@ -315,12 +319,15 @@ def _route(model, attention: str) -> str:
     return "mask"
 
 
-def _compute_dtype(model) -> torch.dtype:
-    emb = model.get_input_embeddings()
-    return emb.weight.dtype if emb.weight.is_floating_point() else torch.float32
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    # a transformers model, PEFT-wrapped or not (a PeftModel passes the call on to its base model); torch types a
+    # module's attributes as Tensor | Module, so the embedding's weight is cast
+    emb = cast("PreTrainedModel", model).get_input_embeddings()
+    weight = cast(torch.Tensor, emb.weight)
+    return weight.dtype if weight.is_floating_point() else torch.float32
 
 
-def packed_completion_logprobs(model, batch: PackedBatch, temperature: float = 1.0, *,
+def packed_completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *,
                                attention: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each completion, from one forward over the packed rows.
 
@@ -383,7 +390,7 @@ def varlen_boundaries(batch: PackedBatch) -> dict[str, Any]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
-def model_attention_mask(model, mask: torch.Tensor, device) -> torch.Tensor:
+def model_attention_mask(model: torch.nn.Module, mask: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A (R, 1, T, T) boolean mask (True = attend) as ``model``'s attention takes it: boolean for sdpa, additive
     float (0 or the dtype's minimum) for eager, which adds the mask to the scores."""
     mask = mask.to(device)

@@ -7,7 +7,7 @@ LM) and works around bitsandbytes' CPU 4-bit kernel, which otherwise stops LoRA 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -42,7 +42,7 @@ def disable_4bit_cpu_bf16_path(model: torch.nn.Module) -> int:
     n = 0
     for module in model.modules():
         if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
+            cast(Any, module).support_avx512bf16_for_cpu = False  # bitsandbytes' attribute (torch: Tensor | Module)
             n += 1
     return n
 
@@ -147,7 +147,8 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
             raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {first}; pass a "
                               "decoder-only model (e.g. Qwen3) saved with save_pretrained, or 'tiny'") from exc
     if "quantization_config" not in kwargs:
-        model.to(device)
+        # PreTrainedModel.to is wrapped with functools.wraps, which the type stubs cannot call as a method
+        cast(torch.nn.Module, model).to(device)
         check_causal(model, model_path)
     if config.update_mode == "full":
         return model, tokenizer
@@ -155,10 +156,10 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
 
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
+    peft_model = get_peft_model(model, lora)
     if config.update_mode == "qlora4" and device.type == "cpu":
-        disable_4bit_cpu_bf16_path(model)
-    return model, tokenizer
+        disable_4bit_cpu_bf16_path(peft_model)
+    return peft_model, tokenizer
 
 
 def load_reference(config: DPPOConfig, model_path: str, device: torch.device) -> torch.nn.Module | None:

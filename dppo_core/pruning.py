@@ -65,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -271,7 +272,7 @@ def beta_binomial_pmf(alpha: float, beta: float, n: int) -> np.ndarray:
     log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta) for i in k])
     log_b0 = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
     pmf = np.exp(log_choose + log_b - log_b0)
-    return pmf / pmf.sum()
+    return cast(np.ndarray, pmf / pmf.sum())  # numpy types a ufunc's result's dtype, and so this, as Any
 
 
 def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -> np.ndarray:
@@ -282,7 +283,7 @@ def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -
     """
     k = np.asarray(k, dtype=np.float64)
     if scale_rewards == "none":
-        return k * (group_size - k) / group_size**2
+        return cast(np.ndarray, k * (group_size - k) / group_size**2)  # numpy: Any (see beta_binomial_pmf)
     return ((k > 0) & (k < group_size)).astype(np.float64)
 
 
@@ -559,5 +560,5 @@ def greso_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: fl
     for pid in prompt_ids:
         rec = history.get(pid)
         fresh = rec is not None and not (max_age is not None and step is not None and step - rec.step > max_age)
-        out.append(1 - rate if fresh and rec.degenerate else 1.0)
+        out.append(1 - rate if fresh and rec is not None and rec.degenerate else 1.0)  # fresh: rec is not None
     return torch.tensor(out, dtype=torch.float64)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -64,6 +64,9 @@ from dppo_core.engines.types import (
     is_peft_model,
 )
 from dppo_core.grpo import truncated_importance_weights
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 __all__ = ["Completion", "HFRollout", "LogprobMismatch", "Prompt", "RolloutBatch", "RolloutEngine", "RolloutGroup",
            "SamplingConfig", "completion_logprobs", "is_peft_model", "logprob_mismatch", "make_rollout_engine",
@@ -130,7 +133,8 @@ def make_rollout_engine(
     if lora is None:
         lora = is_peft_model(model)
     if lora and "max_lora_rank" not in engine_kwargs and is_peft_model(model):
-        engine_kwargs["max_lora_rank"] = max(c.r for c in model.peft_config.values())
+        # vLLM serves LoRA adapters: each config is a LoraConfig
+        engine_kwargs["max_lora_rank"] = max(cast("LoraConfig", c).r for c in model.peft_config.values())
     try:
         from dppo_core.engines.vllm import VLLMRollout
 

@@ -72,7 +72,7 @@ def build_shaped_model(name: str, cache_dir: str | Path | None = None, dtype: st
             torch.manual_seed(0)
             model = Qwen3ForCausalLM(config)
         model.to(getattr(torch, dtype))
-        model.config.torch_dtype = dtype
+        model.config.dtype = dtype
         model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                    pad_token_id=tokenizer.pad_token_id)
         model.save_pretrained(tmp)

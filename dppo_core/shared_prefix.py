@@ -247,7 +247,7 @@ def shared_prefix_mask(batch: SharedPrefixBatch) -> torch.Tensor:
     return ((same_segment & visible & causal) | eye)[:, None]
 
 
-def shared_prefix_logprobs(model, batch: SharedPrefixBatch,
+def shared_prefix_logprobs(model: torch.nn.Module, batch: SharedPrefixBatch,
                            temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each completion, from one forward over the shared-prefix rows.
 
@@ -323,8 +323,8 @@ def segment_plan(batch: SharedPrefixBatch, device: torch.device | str = "cpu", b
     completion = branch >= 0
     completion_index, completion_valid = _grouped_index(branch[completion], pos[completion], batch.num_sequences)
     completion_segment = torch.zeros(batch.num_sequences, dtype=torch.long)
-    for s, members in enumerate(batch.segments):
-        completion_segment[members] = s
+    for s, segment_members in enumerate(batch.segments):
+        completion_segment[segment_members] = s
     p = prompt_index.shape[1]
     causal_p = torch.ones(p, p, dtype=torch.bool).tril()
     prompt_mask = causal_p & prompt_valid[:, None, :]  # (S, P, P); rows past a prompt's end still see it

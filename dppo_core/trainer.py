@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from dppo_core import checkpoint as ckpt
-from dppo_core.config import ConfigError, DPPOConfig
+from dppo_core.config import ConfigError, DPPOConfig, learning_rate_at
 from dppo_core.data import PromptSource, build_prompt_source, check_prompt_lengths, prompt_key
 from dppo_core.distributed import (
     all_gather_objects,
@@ -60,27 +60,16 @@ from dppo_core.logprobs import Sequences, engine_weights, layout_micro_batches
 from dppo_core.packing import attention_implementation
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
 from dppo_core.pruning import effective_sample_size
-from dppo_core.rollout import RolloutBatch, SamplingConfig
+from dppo_core.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from dppo_core.shared_prefix import NAME as SEGMENTS
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from torch.utils.tensorboard import SummaryWriter
 
 Callback = Callable[[dict[str, Any]], None]
 ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
               "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
-
-
-def learning_rate_at(step: int, config: DPPOConfig) -> float:
-    """The learning rate of (0-based) ``step``: linear warm-up over ``warmup_steps`` (step 0 at
-    ``learning_rate / warmup_steps``), then ``lr_schedule`` decays from ``learning_rate`` towards
-    ``min_lr_ratio * learning_rate``, which it would reach at step ``max_steps`` (the last step, ``max_steps - 1``,
-    is one step short of it)."""
-    c = config
-    if step < c.warmup_steps:
-        return c.learning_rate * (step + 1) / c.warmup_steps
-    if c.lr_schedule == "constant":
-        return c.learning_rate
-    progress = min(1.0, (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps))
-    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if c.lr_schedule == "cosine" else 1.0 - progress
-    return c.learning_rate * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * shape)
 
 
 def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: torch.Tensor, mask: torch.Tensor,
@@ -165,7 +154,8 @@ class DPPOTrainer:
         self.model_path = resolve_model_path(config)
         self.model, self.tokenizer = load_policy(config, self.model_path, self.device)
         self.prompts = prompt_source or build_prompt_source(config)
-        base_config = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).config
+        base_config = (cast("PeftModel", self.model).get_base_model() if hasattr(self.model, "get_base_model")
+                       else self.model).config
         self.context_length = getattr(base_config, "max_position_embeddings", None)
         if self.context_length and config.max_completion_length >= self.context_length:
             raise ConfigError(f"max_completion_length={config.max_completion_length}: the model's context is "
@@ -177,9 +167,10 @@ class DPPOTrainer:
                                            weight_decay=config.weight_decay)
         self.estimator = make_estimator(config)  # which prompts and completions to keep, and their weights
         self.step = 0
-        self.engine = None
-        self._tb = None
+        self.engine: RolloutEngine | None = None
+        self._tb: SummaryWriter | None = None
         self._stop = ckpt.StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
+        self.stop_hint = "continue with --resume"  # what Ctrl-C's message says to do next (the bench: its own)
         self._prompt_lengths: dict[str, int] = {}
 
     @property
@@ -254,6 +245,7 @@ class DPPOTrainer:
             seed = int(np.random.SeedSequence([seed, self.dist.rank]).generate_state(1)[0]) >> 1
         sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
                                   seed=seed)
+        assert self.engine is not None, "train() starts the rollout engine (or set trainer.engine)"
         return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
 
     def score(self, rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
@@ -341,7 +333,7 @@ class DPPOTrainer:
         if self.ref_model is not None:
             yield self.ref_model
         else:
-            with self.model.disable_adapter():
+            with cast("PeftModel", self.model).disable_adapter():  # no frozen copy: LoRA
                 yield self.model
 
     def update(self, seqs: Sequences) -> dict[str, float]:
@@ -442,6 +434,7 @@ class DPPOTrainer:
         # 5. update (dense packing inside), then 6. the engine samples from the new policy next step
         stats = self.update(seqs) if len(weights) else ZERO_STATS  # every rank joins if any rank trains
         timer.lap("update")
+        assert self.engine is not None  # rollout() above used it
         self.engine.sync(self.model)
         timer.lap("sync")
         self.step += 1
@@ -484,7 +477,7 @@ class DPPOTrainer:
         engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
         c = self.config
         return evaluate_policy(c, engine, self.step, benchmarks=c.eval_benchmarks,
-                               benchmark_limit=c.eval_benchmark_limit)
+                               benchmark_limit=c.eval_benchmark_limit, progress=self.progress)
 
     def _evaluate_and_log(self) -> dict[str, Any]:
         """Evaluate on rank 0 and log it (other ranks wait at a barrier and get ``{}``)."""
@@ -524,17 +517,25 @@ class DPPOTrainer:
         return path
 
     # --- the loop ---------------------------------------------------------------------------------
-    def _prepare_output(self, resume: bool) -> None:
-        """Resume from the last checkpoint (logs cut back to it), or start afresh; write config.json."""
+    def _prepare_output(self, resume: bool, overwrite: bool = False) -> None:
+        """Resume from the last checkpoint (logs cut back to it), or start afresh in a directory that holds no
+        run (an earlier run there is refused, or moved aside with ``overwrite``); write config.json."""
         main = self.dist.is_main  # data parallel: rank 0 writes every file; all ranks load a checkpoint
         if main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.check_output_dir(self.output_dir)
+        found = ckpt.run_files(self.output_dir)  # every rank decides alike, before rank 0 changes anything
+        if found and not resume and not overwrite:
+            ckpt.refuse_or_move_aside(self.output_dir, resume=False, overwrite=False)
+        barrier(self.dist)
+        if main and found and not resume:
+            moved = ckpt.refuse_or_move_aside(self.output_dir, resume=False, overwrite=True)
+            print(f"--overwrite: the earlier run in {self.output_dir} was moved to {moved}", flush=True)
         barrier(self.dist)
         if resume and self.checkpoints():
             self.load_checkpoint(self.checkpoints()[-1])
             if main:
                 ckpt.truncate_logs(self.output_dir, self.step, final=self.step >= self.config.max_steps)
-        elif main:  # a fresh run in this directory: an earlier run's logs and checkpoints are replaced
+        elif main:  # resume without a checkpoint: the steps before the first one are run again
             ckpt.start_afresh(self.output_dir)
         barrier(self.dist)
         if main:
@@ -546,8 +547,12 @@ class DPPOTrainer:
             self._tb = SummaryWriter(str(self.output_dir / "tensorboard"),
                                      purge_step=self.step + 1 if self.step else None)
 
-    def train(self, resume: bool = False) -> dict[str, Any]:
+    def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Run until ``max_steps``.
+
+        ``output_dir`` must hold no run, unless ``resume`` (continue from its last checkpoint) or ``overwrite``
+        (the earlier run is moved to ``<output_dir>.previous-<n>`` first, nothing deleted); otherwise
+        :class:`~dppo_core.checkpoint.RunExistsError`, with nothing changed.
 
         Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of it and raises
         ``KeyboardInterrupt``; ``train(resume=True)`` continues from there. A second Ctrl-C stops at once,
@@ -556,13 +561,14 @@ class DPPOTrainer:
         from tqdm.auto import tqdm
 
         c = self.config
-        self._prepare_output(resume)
+        self._prepare_output(resume, overwrite)
         if self.engine is None:
             self.engine = self.make_engine()
         self.engine.sync(self.model)
         if self.step == 0:
             self._evaluate_and_log()
-        bar = tqdm(total=c.max_steps, initial=self.step, desc="train", disable=not self.progress)
+        bar = tqdm(total=c.max_steps, initial=self.step, desc="train",
+                   disable=None if self.progress else True)  # None: on a terminal only
         last: dict[str, Any] = {}
         with self._stop:
             while self.step < c.max_steps:
@@ -581,7 +587,7 @@ class DPPOTrainer:
                     bar.close()
                     path = self._save_checkpoint_all_ranks()
                     if self.dist.is_main:
-                        print(f"\nstopped: checkpoint of step {self.step} written to {path}; continue with --resume")
+                        print(f"\nstopped: checkpoint of step {self.step} written to {path}; {self.stop_hint}")
                     raise KeyboardInterrupt
         bar.close()
         self._save_checkpoint_all_ranks()

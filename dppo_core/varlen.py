@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -68,7 +68,8 @@ def available(device: torch.device | str) -> bool:
 def _kernel() -> tuple[Callable[..., torch.Tensor], frozenset[str]]:
     from torch.nn.attention.varlen import varlen_attn
 
-    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+    # typed Tensor | tuple[Tensor, Tensor]: the tuple only with return_aux, which causal_varlen never passes
+    return cast(Callable[..., torch.Tensor], varlen_attn), frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def causal_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor,

@@ -7,6 +7,7 @@ with this file (tests/test_bad_inputs.py::test_the_table_lists_every_test checks
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -423,6 +424,150 @@ def test_eval_model_path_does_not_exist(tmp_path, capsys):
     err = _eval_fails(["--model", str(tmp_path), "--benchmarks", "gsm9k"], capsys)
     assert err.endswith("is a directory without config.json; pass the directory that save_pretrained wrote "
                         "(e.g. runs/tiny-grpo/final) or a Hub id")
+
+
+# --------------------------------------------------------------------------------------------------
+# Run directories: a run is never lost
+# --------------------------------------------------------------------------------------------------
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_directory_that_holds_a_run_is_refused_moved_aside_or_resumed(finished_run, small_model_dir, tmp_path):
+    from dppo_core.checkpoint import RunExistsError
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = _snapshot(out)
+    with pytest.raises(RunExistsError, match=r"holds a run \(config.json, metrics.jsonl, eval.jsonl, final, \.\.\.\); "
+                                             r"continue it with --resume, or pass --overwrite to move it to "
+                                             r"run.previous-1 first.*Nothing was changed"):
+        _trainer(_config(small_model_dir, out, eval_levels=(2,))).train()
+    assert _snapshot(out) == before
+    _trainer(_config(small_model_dir, out, eval_levels=(2,))).train(overwrite=True)  # the earlier run moves aside
+    assert _snapshot(tmp_path / "run.previous-1") == before and (out / "final").is_dir()
+    _trainer(_config(small_model_dir, out, max_steps=2, eval_levels=(2,))).train(resume=True)  # continues
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_rerun_killed_in_its_first_evaluation_loses_nothing(finished_run, small_model_dir, tmp_path):
+    """``dppo train --overwrite`` on a finished run, killed (SIGKILL) during its first evaluation: the earlier run
+    is whole beside it, and the new directory holds none of the earlier run's files (no stale ``final/``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = _snapshot(out)
+    cmd = [sys.executable, "-m", "dppo_core", "train", "--preset", "tiny-grpo", "--output-dir", str(out),
+           "--overwrite", f"model={small_model_dir}", "eval_problems_per_level=200", "eval_samples=4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.time() + 240
+        started = lambda: (tmp_path / "run.previous-1").is_dir() and (out / "config.json").exists()  # noqa: E731
+        while not started() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert started(), "the re-run never started its first evaluation"
+        time.sleep(1.0)  # inside the evaluation (200 problems x 2 levels, greedy and sampled)
+        assert proc.poll() is None, "the re-run ended before it could be killed in its first evaluation"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _snapshot(tmp_path / "run.previous-1") == before
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from dppo_core.tools import cli
+
+    code = cli.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["missing model", "bad task file", "unknown level", "output dir is a file",
+                                  "output dir under a file"])
+def test_every_train_input_error_is_one_line(small_model_dir, tmp_path, capsys, case):
+    """Errors a user causes after the config stage are one line and exit code 2, as the config stage's are."""
+    (tmp_path / "afile").write_text("")
+    _write(tmp_path / "bad.jsonl", ['{"problem": "1+1", "answer": "2"}', "not json"])
+    out, extra, match = tmp_path / "out", [], ""
+    if case == "missing model":
+        extra, match = ["model=./no/such/model"], "model='./no/such/model' does not exist"
+    elif case == "bad task file":
+        extra, match = [f"task={tmp_path / 'bad.jsonl'}"], r"bad.jsonl:2: not valid JSON"
+    elif case == "unknown level":
+        extra, match = ["train_levels=[7]"], r"train_levels=\[7\]: the embedded task has levels \[1, 2, 3, 4, 5\]"
+    elif case == "output dir is a file":
+        out, match = tmp_path / "afile", r"output_dir='.*afile' is a file; choose a directory"
+    else:
+        out, match = tmp_path / "afile" / "sub", r"output_dir='.*sub' lies under .*afile, which is a file"
+    model = [] if case == "missing model" else [f"model={small_model_dir}"]
+    code, err = _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", out, *model, *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and re.match(rf"error: .*{match}", err), err
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated trainer_state.json", "empty optimizer.pt"])
+def test_resume_from_a_damaged_checkpoint_is_one_line(finished_run, small_model_dir, tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    ckpt = out / "checkpoint-1"
+    if damage == "truncated weights":
+        for f in (ckpt / "model").glob("*.safetensors"):
+            f.write_bytes(f.read_bytes()[:1000])
+    elif damage == "truncated trainer_state.json":
+        (ckpt / "trainer_state.json").write_text((ckpt / "trainer_state.json").read_text()[:40])
+    else:
+        (ckpt / "optimizer.pt").write_bytes(b"")
+    code, err = _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", out, "--resume",
+                     f"model={small_model_dir}", "max_steps=2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "error: checkpoint " in err, err
+    assert "delete" in err
+
+
+def test_a_full_disk_is_one_line_and_a_bug_keeps_its_traceback(small_model_dir, tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(self, resume=False, overwrite=False):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "metrics.jsonl"))
+
+    monkeypatch.setattr(DPPOTrainer, "train", full)
+    code, err = _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out",
+                     f"model={small_model_dir}")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.match(r"error: No space left on device writing .*metrics.jsonl: free some space or choose another "
+                    r"--output-dir; the last checkpoint written is complete \(--resume continues from it\)", err)
+
+    def bug(self, resume=False, overwrite=False):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(DPPOTrainer, "train", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out2", f"model={small_model_dir}")
+
+
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_bench_and_demo_refuse_a_directory_that_holds_a_bench(tmp_path, capsys, command):
+    from dppo_core.tools.bench.run import holds_bench
+
+    out = tmp_path / "bench"
+    (out / "runs").mkdir(parents=True)
+    (out / "bench.json").write_text("{}")
+    before = _snapshot(out)
+    argv = ["bench", "--preset", "cpu-smoke"] if command == "bench" else ["demo"]
+    code, err = _cli(capsys, *argv, "--output-dir", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.match(r"error: output_dir='.*bench' holds a bench \(bench.json, runs\); keep its finished runs and "
+                    r"run the rest with --resume, or pass --overwrite", err)
+    assert _snapshot(out) == before
+    assert holds_bench(out, resume=True, overwrite=False) is None  # --resume: kept as it is
+    moved = holds_bench(out, resume=False, overwrite=True)
+    assert moved == tmp_path / "bench.previous-1" and _snapshot(moved) == before and not any(out.iterdir())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_first_code_cell_pins_the_cpu_kernels_before_torch_loads(notebook):
     pin = next((i for i, line in enumerate(lines) if line.startswith("pin_cpu_kernels()")), None)
     assert pin is not None, f"{notebook.name}: the first code cell must call pin_cpu_kernels()"
     loads = [i for i, line in enumerate(lines)
-             if re.match(r"(import|from) (torch|transformers|peft|vllm|dppo_core\.(?!course))", line)]
+             if re.match(r"(import|from) (torch|transformers|peft|vllm|dppo_core\.(?!(tools\.)?course))", line)]
     assert all(i > pin for i in loads), f"{notebook.name}: line {loads[0] + 1} imports before the pins"
 
 

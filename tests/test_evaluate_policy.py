@@ -76,3 +76,35 @@ def test_it_is_the_trainers_own_evaluation(small_model_dir, tmp_path):
                         eval_levels=(1, 2, 3), eval_problems_per_level=3, eval_samples=2, max_completion_length=8)
     trainer = DPPOTrainer(config, progress=False)
     assert trainer.evaluate() == evaluate_policy(config, HFRollout(trainer.model, trainer.tokenizer), trainer.step)
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal (tqdm shows its bar only on one)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_progress_bars_show_on_a_terminal_and_are_quiet_elsewhere(monkeypatch, capsys):
+    """An evaluation asked for progress shows a bar per pass on a terminal, and nothing in a log, CI or a test."""
+    import sys
+
+    config = DPPOConfig(train_levels=(2,), eval_problems_per_level=3, eval_samples=1)
+    evaluate_policy(config, AnswerEngine({}), step=0, progress=True)
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    evaluate_policy(config, AnswerEngine({}), step=0, progress=True)
+    assert "eval greedy" in terminal.text and "eval T=1" in terminal.text and "3/3" in terminal.text
+    terminal.text = ""
+    evaluate_policy(config, AnswerEngine({}), step=0, progress=False)
+    assert terminal.text == ""

@@ -7,7 +7,7 @@ import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -38,9 +38,9 @@ def sequence_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]]
     """
     if start is None:
         start = [1] * len(sequences)
-    for i, (seq, s) in enumerate(zip(sequences, start, strict=True)):
-        if not 1 <= s <= len(seq):
-            raise ValueError(f"sequence {i}: start={s} must be in [1, {len(seq)}] (its length)")
+    for i, (seq, first) in enumerate(zip(sequences, start, strict=True)):
+        if not 1 <= first <= len(seq):
+            raise ValueError(f"sequence {i}: start={first} must be in [1, {len(seq)}] (its length)")
     scale = temperature if temperature > 0 else 1.0
     was_training = model.training
     model.eval()
@@ -344,7 +344,8 @@ class HFRollout:
         input_ids, attention_mask = self._left_padded(prompt_ids, pad_id)
         width = input_ids.shape[1]
         greedy = sampling.temperature == 0
-        out = self.model.generate(
+        # a transformers or PEFT causal LM (both have generate); torch types a module's attributes as Tensor | Module
+        out = cast(Any, self.model).generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             max_new_tokens=sampling.max_tokens,

@@ -30,12 +30,17 @@ sequences pay more per token than many.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from dppo_core.engines.types import base_model
+
+# Types: the model's sub-modules are read here by the names the architectures give them (inner.layers,
+# layer.self_attn.q_proj, a LoRA layer's lora_A[name].weight, a norm's variance_epsilon), a structure that
+# LeanDecoder.unsupported has checked; torch types every module attribute as Tensor | Module, so what is read
+# from them is typed Any.
 
 #: model types whose decoder layer is: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k
 #: in Qwen3 only, rotary embedding, softmax attention, o projection) -> residual -> RMSNorm -> SiLU-gated MLP
@@ -58,11 +63,11 @@ class LeanDecoder:
     def __init__(self, model: torch.nn.Module):
         model = base_model(model)
         self.model = model
-        inner = model.model
-        self.config = model.config
+        inner: Any = model.model
+        self.config = cast(Any, model.config)  # (an annotation alone: mypy would keep Tensor | Module)
         self.embed = inner.embed_tokens
         self.norm = inner.norm
-        self.lm_head = model.lm_head
+        self.lm_head: Any = model.lm_head
         self.rotary = inner.rotary_emb
         self.layers = list(inner.layers)
         attn = self.layers[0].self_attn
@@ -77,7 +82,10 @@ class LeanDecoder:
         else:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-            self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+            # transformers annotates the default as Callable; unsupported() has checked that the implementation
+            # is registered, so the default (None, as before) is never what comes back
+            self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, None)  # type: ignore[arg-type]
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0  # filled positions of the buffers (prompt width + tokens decoded so far)
@@ -93,7 +101,7 @@ class LeanDecoder:
         import transformers.models.qwen3.modeling_qwen3 as qwen3
 
         model = base_model(model)
-        config = getattr(model, "config", None)
+        config: Any = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in ARCHITECTURES:
             return f"model type {model_type!r} (the lean step knows {', '.join(ARCHITECTURES)})"
@@ -238,7 +246,8 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
     leave = leave or {}
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
+    config: Any = model.config
+    vocab = config.vocab_size
     lengths = [5, 9, 3, 9, 7, 1]
     width = max(lengths)
     ids = torch.randint(1, vocab, (len(lengths), width), generator=gen)
@@ -250,7 +259,7 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
     lean = LeanDecoder.for_model(model)
     if lean is None:
         raise ValueError(f"the lean step does not take this model: {LeanDecoder.unsupported(model)}")
-    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    caches = [DynamicCache(config=config) for _ in range(2)]
     for cache in caches:
         model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     lean.start(caches[0], mask, steps)
@@ -275,7 +284,7 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
     return worst, compared
 
 
-def _lora_linear_type() -> type | None:
+def _lora_linear_type() -> type[Any] | None:
     try:
         from peft.tuners.lora.layer import Linear
     except ImportError:
@@ -283,7 +292,7 @@ def _lora_linear_type() -> type | None:
     return Linear
 
 
-def _projection_unsupported(layer: torch.nn.Module) -> str | None:
+def _projection_unsupported(layer: Any) -> str | None:
     """Why :func:`_project` cannot compute ``layer``'s forward exactly, or ``None``."""
     if type(layer) is torch.nn.Linear:
         return None
@@ -304,7 +313,7 @@ def _projection_unsupported(layer: torch.nn.Module) -> str | None:
     return None
 
 
-def _project(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _project(layer: Any, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` for an ``nn.Linear`` or a PEFT LoRA ``Linear``, op for op what their forwards compute
     (PEFT's: ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` per active adapter, dropout the identity at
     inference, the result cast back to the base's dtype)."""
@@ -324,7 +333,7 @@ def _project(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return result.to(dtype)
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """What Llama/Qwen RMSNorm's forward computes (in float32, cast back before the weight)."""
     dtype = x.dtype
     x32 = x.to(torch.float32)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 Prompt = str | list[dict[str, str]]  # plain text, or a chat conversation (list of messages)
 
@@ -85,7 +88,7 @@ class RolloutEngine(Protocol):
     def sync(self, model: torch.nn.Module) -> None: ...
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: Any) -> TypeGuard[PeftModel]:
     """True for a PEFT-wrapped model (``peft.PeftModel``)."""
     try:
         from peft import PeftModel

@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -44,6 +44,12 @@ from dppo_core.engines.types import (
     stop_ids,
 )
 from dppo_core.models import encode_prompt
+
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
+    from vllm.inputs import TokensPrompt
+    from vllm.logprobs import Logprob
+    from vllm.lora.request import LoRARequest
 
 # --------------------------------------------------------------------------------------------------
 # Weights of a (possibly PEFT-wrapped) model, named as in its Hugging Face checkpoint
@@ -67,7 +73,8 @@ def checkpoint_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, LoraLayer) and not module.merged:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
-                    d = module.get_delta_weight(adapter)  # (out, in), same as the base weight
+                    # (out, in), same as the base weight; every LoRA layer type defines it, the mixin does not
+                    d = module.get_delta_weight(adapter)  # type: ignore[attr-defined]
                     key = f"{mname}.weight"
                     deltas[key] = deltas[key] + d if key in deltas else d
     out: dict[str, torch.Tensor] = {}
@@ -96,7 +103,7 @@ def _tie_lm_head(model: torch.nn.Module) -> bool:
     head.weight = embed.weight
     # on CPU the head multiplies through a packed copy of its weight, built when weights are processed:
     # rebuild it from the tied weight (for an unquantized head this is all that processing does)
-    method = getattr(head, "quant_method", None)
+    method: Any = getattr(head, "quant_method", None)
     if type(method).__name__ == "UnquantizedEmbeddingMethod":
         method.process_weights_after_loading(head)
     return True
@@ -138,7 +145,9 @@ class _RotaryReloadNoise(logging.Filter):
     rotary cos/sin cache is a derived buffer, not a checkpoint weight, and vLLM puts it back itself."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
+        # record.args is a tuple, or a mapping for a record logged with one dict argument (then it is not ours)
+        return not (isinstance(record.args, tuple) and record.args and record.args[0] == "RotaryEmbedding"
+                    and "Failed to load" in str(record.msg))
 
 
 def _generation_config_holder(model_path: str) -> Any:
@@ -230,11 +239,12 @@ class VLLMRollout:
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNoise())
-        self.dtype: torch.dtype = self.llm.model_config.dtype
+        # the engine has resolved the configured dtype ("auto", "bfloat16", ...) to a torch.dtype
+        self.dtype: torch.dtype = cast(torch.dtype, self.llm.model_config.dtype)
         self.expected_shapes = _checkpoint_shapes(self.model_path)
         self.tied_embeddings = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
         self._asleep: set[str] = set()  # memory kinds now released: {"weights", "kv_cache"}
-        self._lora_request = None  # the adapter every generate uses, or None for the base weights
+        self._lora_request: LoRARequest | None = None  # the adapter every generate uses, or None for the base weights
         self._lora_dir: str | None = None
         self._lora_id = 0
         self.sync_count = 0
@@ -271,12 +281,14 @@ class VLLMRollout:
                                   None if sampling.seed is None else _prompt_seed(sampling.seed, i))
             for i in range(len(groups))
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": g.prompt_ids} for g in groups], params,
-                                    use_tqdm=False, lora_request=self._lora_request)
+        requests: list[TokensPrompt] = [{"prompt_token_ids": g.prompt_ids} for g in groups]
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         for g, out in zip(groups, outputs, strict=True):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
-                lps = [step[tok].logprob for step, tok in zip(c.logprobs, ids, strict=True)]
+                # requested (logprobs=0 in _sampling_params): one entry per sampled token, none of them None
+                sampled = cast("Iterable[dict[int, Logprob]]", c.logprobs)
+                lps = [step[tok].logprob for step, tok in zip(sampled, ids, strict=True)]
                 g.completions.append(Completion(
                     token_ids=ids,
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -300,12 +312,14 @@ class VLLMRollout:
                                "use an engine started with lora=False")
         self._wake(("weights", "kv_cache"))
         params = self._sampling_params(SamplingConfig(max_tokens=1, temperature=0), 1, None, prompt_logprobs=0)
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
-                                    use_tqdm=False, lora_request=self._lora_request)
+        requests: list[TokensPrompt] = [{"prompt_token_ids": list(s)} for s in sequences]
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         result = []
         for seq, out in zip(sequences, outputs, strict=True):
-            # prompt_logprobs[0] is None (the first token has no prefix)
-            result.append([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], list(seq)[1:], strict=True)])
+            # prompt_logprobs[0] is None (the first token has no prefix); the others are there (requested:
+            # prompt_logprobs=0)
+            scored = cast("Sequence[dict[int, Logprob]]", out.prompt_logprobs)[1:]
+            result.append([step[tok].logprob for step, tok in zip(scored, list(seq)[1:], strict=True)])
         self._sleep()
         return result
 
@@ -405,11 +419,11 @@ class VLLMRollout:
                                   "model.embed_tokens to tie again after the weight reload; its output layer would "
                                   "be stale: use an untied checkpoint or rollout_engine=hf")
 
-    def _sync_lora(self, model: torch.nn.Module) -> None:
+    def _sync_lora(self, model: PeftModel) -> None:
         from vllm.lora.request import LoRARequest
 
         adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapters[0]
-        rank = model.peft_config[adapter].r
+        rank = cast("LoraConfig", model.peft_config[adapter]).r  # the engine serves LoRA adapters
         if rank > self.max_lora_rank:
             raise ValueError(f"LoRA rank {rank} exceeds the engine's max_lora_rank={self.max_lora_rank}; start "
                              f"the engine with max_lora_rank >= {rank}")
@@ -439,6 +453,7 @@ class VLLMRollout:
     def _drop_lora(self) -> None:
         if self._lora_request is not None:
             self.llm.llm_engine.remove_lora(self._lora_request.lora_int_id)
+            assert self._lora_dir is not None  # set and cleared with _lora_request
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_request, self._lora_dir = None, None
 
@@ -463,7 +478,7 @@ class VLLMRollout:
 
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
-        self.llm = None
+        self.llm = None  # type: ignore[assignment]  # the closed engine is not used again
         gc.collect()
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 

@@ -160,8 +160,8 @@ def _is_unit(tail: str, bare_ok: bool) -> bool:
     wrapped = bool(_UNIT_GROUP.search(tail))
     if not (wrapped or bare_ok):
         return False
-    words = _UNIT_JOINS.sub(" ", _UNIT_POWER.sub(" ", _UNIT_SYMBOL.sub(" u ", _UNIT_GROUP.sub(r" \1 ", tail))))
-    words = words.split()
+    text = _UNIT_JOINS.sub(" ", _UNIT_POWER.sub(" ", _UNIT_SYMBOL.sub(" u ", _UNIT_GROUP.sub(r" \1 ", tail))))
+    words = text.split()
     return bool(words) and all(w.isascii() and w.isalpha() and w.lower() not in _NOT_UNITS for w in words)
 
 

@@ -18,9 +18,13 @@ import sys
 import threading
 import time
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from dppo_core.grading.extract import MAX_ANSWER_CHARS, assigned_value
 from dppo_core.grading.numbers import Number, matrix_cells, numbers_equal, parse_written_number, rounds_to, unit_match
+
+if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +192,7 @@ class _VerifierPool:
     """
 
     def __init__(self) -> None:
-        self._pool = None
+        self._pool: Pool | None = None
         self._size = 0
         self._lock = threading.Lock()
 

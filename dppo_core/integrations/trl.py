@@ -76,12 +76,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 try:
-    from trl import GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # trl is an optional extra
     raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: pip install 'dppo-core[bench]'") from exc
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -133,6 +133,14 @@ class DPPOGRPOTrainer(GRPOTrainer):
     ``Estimator()``: no pruning, TRL's loss). See the module docstring for what is supported.
     """
 
+    # Attributes GRPOTrainer sets, as they are here (annotations only): TRL's Trainer types ``args`` as
+    # TrainingArguments (GRPOTrainer's is a GRPOConfig) and ``model`` as optional (GRPOTrainer always has one);
+    # GRPOConfig types num_generations as optional (GRPOTrainer needs it) and starts _buffered_inputs at None.
+    args: GRPOConfig
+    model: torch.nn.Module
+    num_generations: int
+    _buffered_inputs: list[dict[str, Any]] | None  # type: ignore[assignment]  # TRL's `= None` infers type None
+
     def __init__(self, *args: Any, estimator: Estimator | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.estimator = Estimator() if estimator is None else estimator
@@ -164,7 +172,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
                              f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
                              "drop_zero_advantage=False")
-        size = self.args.generation_batch_size // self.num_generations
+        size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
             raise ValueError("DPPOGRPOTrainer: the estimator asks for more candidate prompts than a generation batch "
                              "holds (dense_prompts); TRL draws a fixed batch: set dense_prompts false")
@@ -173,10 +181,11 @@ class DPPOGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+        steps_per_generation = cast(int, self.args.steps_per_generation)  # GRPOConfig resolves it
+        if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
-            self._buffered_inputs = _split_rows(batch, self.args.steps_per_generation)
-        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+            self._buffered_inputs = _split_rows(batch, steps_per_generation)
+        return self._buffered_inputs[self._step % steps_per_generation]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
@@ -198,6 +207,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if getattr(self.estimator, "needs_lengths", False):  # completion_scheme="length": the tokens per completion
             extra["lengths"] = batch["completion_mask"].sum(1).detach().to("cpu").view(-1, g)
         weighting = self.estimator.weigh(advantages, selection, step, **extra)
+        assert self._rewards is not None  # set by _calculate_rewards, in the generation above
         self.estimator.observe([ids[i] for i in selection.indices], self._rewards.view(-1, g), advantages, step)
         rows = weighting.keep.flatten().nonzero().flatten().tolist()
         batch = _take_rows(batch, rows, advantages.numel())
@@ -237,7 +247,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if n == 0:  # every completion of this micro-batch was pruned: it adds 0
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         # TRL divides the micro-batch's sum over rows by n and by GA; the step's loss is (S/GA)·(1/C)·Σ w ℓ
-        factor = weights * (n * self.args.steps_per_generation / inputs["dppo_normalizer"])
+        factor = weights * (n * cast(int, self.args.steps_per_generation) / inputs["dppo_normalizer"])
         advantages = inputs["advantages"]
         scale = factor.to(advantages.dtype).view(-1, *[1] * (advantages.dim() - 1))
         beta, self.beta = self.beta, 0.0  # TRL's KL term, inside its per-token loss, is added below, weighted
@@ -247,6 +257,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
             self.beta = beta
         logps, self._logps = self._logps, None
         if beta != 0.0:
+            assert logps is not None  # set by _get_per_token_logps_and_entropies, in the loss's forward above
             kl = self._kl_per_row(inputs, logps)
             loss = loss + beta * (factor.to(kl.dtype) * kl).sum() / (n * self.current_gradient_accumulation_steps)
         return loss

@@ -6,6 +6,7 @@ Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`b
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shlex
 import sys
@@ -60,7 +61,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     command = " ".join(["dppo", "demo", "--output-dir", shlex.quote(str(args.output_dir)), "--seed", str(args.seed),
                         *(["--n-per-level", str(args.n_per_level)] if args.n_per_level is not None else []),
                         *(["--samples", str(args.samples)] if args.samples is not None else [])])
-    result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides, command=command)
+    result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides, command=command,
+                       resume=args.resume, overwrite=args.overwrite)
     before = _first_eval(args.output_dir / "runs" / "grpo" / f"seed-{args.seed}" / "eval.jsonl")
     if before:
         print("\nthe warm-started model on held-out problems (accuracy per level, before training)")
@@ -105,7 +107,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        times_from=args.times_from)
         else:
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
-                                     overrides=overrides, resume=args.resume,
+                                     overrides=overrides, resume=args.resume, overwrite=args.overwrite,
                                      command=_bench_command(args, output_dir, seeds, overrides))
     except (bench.BenchError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -331,11 +333,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     trainer = DPPOTrainer(config)
     if not trainer.dist.is_main:  # data parallel (torchrun): rank 0 reports for the job
-        trainer.train(resume=args.resume)
+        trainer.train(resume=args.resume, overwrite=args.overwrite)
         return 0
     ranks = f", {trainer.dist.world_size} data-parallel ranks" if trainer.dist.enabled else ""
     print(f"model: {trainer.model_path} ({config.update_mode}), output: {config.output_dir}{ranks}")
-    result = trainer.train(resume=args.resume)
+    result = trainer.train(resume=args.resume, overwrite=args.overwrite)
     first = _first_eval(Path(config.output_dir) / "eval.jsonl")
     final = result["eval"]
     if first and "greedy_accuracy" in final:
@@ -429,6 +431,13 @@ def config_fields_help(width: int | None = None) -> str:
     return "\n".join(out)
 
 
+def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str) -> None:
+    """--resume and --overwrite: an output directory that holds a run is refused without one of them."""
+    p.add_argument("--resume", action="store_true", help=resume_help)
+    p.add_argument("--overwrite", action="store_true",
+                   help="if the output dir holds a run, move it to OUTPUT_DIR.previous-N first (nothing is deleted)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dppo",
@@ -448,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per problem at temperature 1 (default: the demo preset's, 2)")
     p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
     p.add_argument("--seed", type=int, default=0)
+    _add_run_dir_flags(p, "keep the runs that finished before (after an interruption) and run the rest")
     p.set_defaults(func=cmd_demo)
 
     from dppo_core.tools.bench import BENCH_PRESETS, METHODS
@@ -468,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", default=None, metavar="SEED", help="seeds to run (default: the preset's)")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"methods to run, grpo included (default: the preset's; from {', '.join(METHODS)})")
-    p.add_argument("--resume", action="store_true", help="keep runs that finished before (after an interruption)")
+    _add_run_dir_flags(p, "keep the runs that finished before (after an interruption) and run the rest")
     p.add_argument("--summarize", action="store_true",
                    help="only rewrite bench.json and the plots from the finished runs in the output dir")
     p.add_argument("--times-from", type=Path, default=None, metavar="DIR",
@@ -521,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None, help="a YAML file of DPPOConfig fields")
     p.add_argument("--output-dir", type=Path, default=None, help="where metrics and checkpoints go")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
+    _add_run_dir_flags(p, "continue from the last checkpoint in the output dir")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_train)
 
@@ -539,6 +549,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: errno values of an OSError that a user fixes on their machine, and what to say
+_OS_FIXES = {errno.ENOSPC: "free some space or choose another --output-dir",
+             errno.EDQUOT: "free some space or choose another --output-dir",
+             errno.EACCES: "choose a path you can write, or change its permissions",
+             errno.EPERM: "choose a path you can write, or change its permissions",
+             errno.EROFS: "choose a path on a writable file system"}
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one line to print for an error the user caused (bad settings, data, files, directories, a full disk),
+    or None for anything else (a bug: its traceback is shown). Each case is a row of docs/bad_inputs.md."""
+    from dppo_core.config import ConfigError
+    from dppo_core.tools.bench import BenchError
+
+    if isinstance(exc, (ConfigError, BenchError, EvalInputError)):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return str(exc) if exc.filename is None else f"{exc.filename} does not exist ({exc.strerror})"
+    if isinstance(exc, OSError) and exc.errno in _OS_FIXES:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        note = "; the last checkpoint written is complete (--resume continues from it)" if exc.errno in (
+            errno.ENOSPC, errno.EDQUOT) else ""
+        return f"{exc.strerror or exc}{where}: {_OS_FIXES[exc.errno]}{note}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "warm_start_steps", None) is None and hasattr(args, "warm_start_steps"):
@@ -550,6 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # an error the user can fix is one line; a bug keeps its traceback
+        line = user_error(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     finally:
         if "dppo_core.distributed" in sys.modules:  # a data-parallel run leaves its process group
             sys.modules["dppo_core.distributed"].shutdown()

@@ -55,7 +55,10 @@ def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]
         if on_record is not None:
             on_record(record)
 
-    BenchTrainer(config, progress=False, callbacks=[log_record]).train()
+    trainer = BenchTrainer(config, progress=False, callbacks=[log_record])
+    trainer.stop_hint = ("run the same command again with --resume: the finished runs are kept, this one starts "
+                         "again")
+    trainer.train()
 
 
 def run_peer(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
@@ -80,7 +83,8 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callab
     model are removed. ``run.json`` is written last: it marks the run as finished.
     """
     out = Path(config.output_dir)
-    (out / "run.json").unlink(missing_ok=True)
+    if out.exists():  # an unfinished run of this bench (a finished one is kept or moved aside by run_bench)
+        shutil.rmtree(out)
     t0 = time.perf_counter()
     if method in TRL_PEERS:
         run_peer(method, config, preset, log, on_record)
@@ -128,16 +132,35 @@ def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[i
     return {k: c.with_overrides({"model": resolve_model_keyword(c.model)}) for k, c in configs.items()}
 
 
+def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
+    """Refuse an ``output_dir`` that holds a bench (``bench.json`` or ``runs/``) unless ``resume`` or ``overwrite``;
+    with ``overwrite``, move it aside and return where it went."""
+    from dppo_core.checkpoint import RunExistsError, check_output_dir, move_aside
+
+    check_output_dir(output_dir)
+    found = [name for name in ("bench.json", "bench.md", "runs") if (output_dir / name).exists()]
+    if not found or resume:
+        return None
+    if not overwrite:
+        raise RunExistsError(f"output_dir={str(output_dir)!r} holds a bench ({', '.join(found)}); keep its finished "
+                             "runs and run the rest with --resume, or pass --overwrite to move it aside first, or "
+                             "choose another --output-dir. Nothing was changed")
+    return move_aside(output_dir)
+
+
 def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
               methods: Sequence[str] | None = None, overrides: Sequence[str] = (), resume: bool = False,
-              log: Callable[[str], None] = print,
+              overwrite: bool = False, log: Callable[[str], None] = print,
               on_record: Callable[[str, int, dict[str, Any]], None] | None = None,
               command: str | None = None) -> dict[str, Any]:
     """Run bench preset ``name`` into ``output_dir`` and return (and write) ``bench.json``'s content.
 
     ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
     configuration is built and validated before the first run starts, so a bad override fails at once.
-    ``resume`` skips runs that finished before (their ``run.json`` exists). ``on_record(method, seed,
+    An ``output_dir`` that holds a bench is refused (:class:`~dppo_core.checkpoint.RunExistsError`, nothing
+    changed) unless ``resume``, which keeps the runs that finished before (their ``run.json`` exists) and starts
+    the others again, or ``overwrite``, which moves the earlier bench to ``<output_dir>.previous-<n>`` first.
+    ``on_record(method, seed,
     record)`` sees every step's metrics and every evaluation as they are logged. ``command``, the command
     line that made the runs, is recorded in ``bench.json``.
     """
@@ -146,6 +169,9 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
     seeds = tuple(dict.fromkeys(seeds)) if seeds else preset.seeds
     output_dir = Path(output_dir)
     configs = build_configs(preset, methods, seeds, output_dir, overrides)
+    moved = holds_bench(output_dir, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        log(f"--overwrite: the earlier bench in {output_dir} was moved to {moved}")
     if preset.kind == "systems":  # step times only, every method in every layout: bench/systems.py
         from dppo_core.tools.bench.systems import run_systems
 

@@ -1,0 +1,75 @@
+"""DPPO inside Hugging Face TRL: ``DPPOGRPOTrainer`` is TRL's ``GRPOTrainer`` with an ``estimator=`` argument.
+
+Each generation batch the estimator picks the prompts TRL rolls out (prompt pruning), then drops completions
+and weights the kept ones 1/(pi_q p_qi) over the normaliser |B|·G of the whole candidate batch (completion
+pruning); TRL does the rest. Embedded warm-started tiny model and arithmetic task, on CPU, a few steps
+(importing TRL takes 10-15 s; then a few seconds a step). Needs TRL: ``pip install 'dppo-core[bench]'``.
+
+    python examples/trl_dppo.py [--steps N] [--output-dir DIR]
+
+TRL's output directory is a temporary one unless ``--output-dir`` is given (nothing is checkpointed here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+
+from datasets import Dataset
+from transformers import AutoTokenizer
+from transformers.trainer_callback import PrinterCallback, TrainerCallback
+from trl import GRPOConfig
+
+from dppo_core.config import DPPOConfig
+from dppo_core.estimator import make_estimator
+from dppo_core.integrations.trl import DPPOGRPOTrainer
+from dppo_core.models import warm_start
+from dppo_core.rewards import accuracy_reward
+from dppo_core.tasks import ArithmeticTask
+
+P, G = 4, 8  # prompts per generation batch, completions per prompt
+CONFIG = DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, beta=0.0,
+                    num_generations=G, prompts_per_step=P, seed=0)
+
+
+class PrintSteps(TrainerCallback):
+    """One line per optimizer step from TRL's logs (the ``dppo/*`` values are shares kept of those drawn)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            print(f"step {state.global_step}  reward {logs.get('reward', float('nan')):.3f}  "
+                  f"prompts kept {logs.get('dppo/prompts_kept', float('nan')):.2f}  "
+                  f"completions kept {logs.get('dppo/completions_kept', float('nan')):.2f}  loss {logs['loss']:+.5f}",
+                  flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--output-dir", default=None, help="TRL's output directory (default: a temporary one)")
+    args = parser.parse_args()
+    model_dir = str(warm_start(progress=False))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    # a small pool of problems, so prompts recur within a few steps and their history prunes them
+    pool = ArithmeticTask(levels=(2, 3, 4)).sample_train(random.Random(CONFIG.seed), 2 * P)
+    with tempfile.TemporaryDirectory(prefix="dppo-trl-") as tmp:
+        grpo = GRPOConfig(output_dir=args.output_dir or tmp, seed=CONFIG.seed, max_steps=args.steps,
+                          per_device_train_batch_size=G, gradient_accumulation_steps=P, num_generations=G,
+                          max_completion_length=48, temperature=1.0, top_k=0, learning_rate=CONFIG.learning_rate,
+                          loss_type="grpo", beta=CONFIG.beta, use_cpu=True, bf16=False,
+                          model_init_kwargs={"dtype": "float32"}, report_to="none", save_strategy="no",
+                          logging_steps=1, disable_tqdm=True, dataloader_pin_memory=False)
+        trainer = DPPOGRPOTrainer(model=model_dir, reward_funcs=[accuracy_reward], args=grpo,
+                                  train_dataset=Dataset.from_list([p.to_record() for p in pool]),
+                                  processing_class=tokenizer, estimator=make_estimator(CONFIG))
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(PrintSteps())
+        trainer.train()
+    print(f"done: {trainer.state.global_step} steps, {trainer.estimator_step} generation batches, "
+          f"{len(trainer.estimator.history)} prompts in the estimator's history")
+
+
+if __name__ == "__main__":
+    main()
