@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -66,6 +67,7 @@ def run_files(output_dir: Path) -> list[str]:
 
 def aside_path(output_dir: Path) -> Path:
     """Where :func:`move_aside` would put ``output_dir``'s run: ``<name>.previous-<n>`` beside it, the first n free."""
+    output_dir = output_dir.resolve()
     n = 1
     while (candidate := output_dir.with_name(f"{output_dir.name}.previous-{n}")).exists():
         n += 1
@@ -81,19 +83,27 @@ def move_aside(output_dir: Path) -> Path:
     return target
 
 
-def refuse_or_move_aside(output_dir: Path, *, resume: bool, overwrite: bool, what: str = "a run",
-                         resume_hint: str = "continue it with --resume") -> Path | None:
-    """Before a run writes to ``output_dir``: nothing to do if it holds no run, or with ``resume``; with
-    ``overwrite`` the earlier run is moved aside (returns where); otherwise :class:`RunExistsError`."""
-    found = run_files(output_dir)
+def must_move_aside(output_dir: Path, found: list[str], *, resume: bool, overwrite: bool, what: str = "a run",
+                    resume_hint: str = "continue it with --resume", reads: Iterable[str | Path] = ()) -> bool:
+    """Whether a new run must first move ``output_dir`` aside (:func:`move_aside`), given ``found``, the files of
+    an earlier run there (:func:`run_files`): not when there are none, or with ``resume``; with ``overwrite``, yes;
+    otherwise :class:`RunExistsError`. Nothing is changed here. ``reads``: paths the new run reads, which
+    ``overwrite`` must not move away (the model), nor the current directory."""
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in the output dir and --overwrite moves it aside: pass one")
     if not found or resume:
-        return None
+        return False
     if not overwrite:
         shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
         raise RunExistsError(f"output_dir={str(output_dir)!r} holds {what} ({shown}); {resume_hint}, or pass "
                              f"--overwrite to move it to {aside_path(output_dir).name} first, or choose another "
                              "--output-dir. Nothing was changed")
-    return move_aside(output_dir)
+    here = output_dir.resolve()
+    for path in (Path.cwd(), *map(Path, reads)):
+        if path.exists() and path.resolve().is_relative_to(here):
+            raise ConfigError(f"--overwrite would move {path} away with output_dir={str(output_dir)!r}, and the run "
+                              "needs it; choose another --output-dir")
+    return True
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -245,17 +255,6 @@ def truncate_logs(output_dir: Path, step: int, final: bool) -> None:
             tmp = f.with_name(f".tmp-{name}")
             tmp.write_text(new)
             os.replace(tmp, f)
-
-
-def start_afresh(output_dir: Path) -> None:
-    """``--resume`` in a directory with no checkpoint: the earlier attempt's logs are removed (with a note), since
-    its steps are run again from the start."""
-    found = [name for name in LOG_FILES if (output_dir / name).exists()]
-    if found:
-        print(f"--resume: no checkpoint in {output_dir}, so the run starts at step 0 and its logs ({', '.join(found)}) "
-              "are written again", flush=True)
-    for name in found:
-        (output_dir / name).unlink()
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

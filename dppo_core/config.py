@@ -74,11 +74,12 @@ class DPPOConfig:
     rollout_correction: str = "auto"
     """Correct the loss for the engine sampling from its own copy mu of the policy (other kernels, precision,
     batch shapes) instead of the policy pi being trained: ``"token"`` multiplies each token's loss by
-    min(pi_old / mu, ``rollout_correction_cap``) (truncated importance sampling, as TRL and verl do by default),
+    min(pi_old / mu, ``rollout_correction_cap``) (truncated importance sampling, as TRL does by default),
     ``"sequence"`` each completion's by min(prod_t pi_old / mu, cap) (exact below the cap, more variance),
     ``"off"`` trusts the engine. ``"auto"``: ``token`` with vLLM, ``off`` with the transformers engine, which
-    samples from the training model itself (mu = pi). Logged per step as ``engine_weight_mean``,
-    ``engine_weight_truncated`` and ``engine_logprob_diff_max``."""
+    samples from the training model itself (mu = pi). With ``top_p < 1`` mu is renormalised over the nucleus and
+    pi_old is not, so the weights sit below 1: the correction then also accounts for the nucleus. Logged per
+    step as ``engine_weight_mean``, ``engine_weight_truncated`` and ``engine_logprob_diff_max``."""
     rollout_correction_cap: float = 2.0
     """C >= 1, the truncation of ``rollout_correction``'s weights (2: Yao et al., 2025)."""
 

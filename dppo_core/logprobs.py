@@ -73,6 +73,10 @@ def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor)
     grid = torch.zeros(like.shape, dtype=torch.float32)
     for row, i in enumerate(idx):
         lp = seqs.engine_logprobs[i]
+        if len(lp) != len(seqs.completion_ids[i]):
+            raise ValueError(f"the rollout engine gave {len(lp)} log-probs for a completion of "
+                             f"{len(seqs.completion_ids[i])} tokens; rollout_correction needs one per token (fix the "
+                             "engine, or set rollout_correction: off)")
         grid[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return grid.to(like.device)
 

@@ -365,9 +365,9 @@ class DPPOTrainer:
             group["lr"] = self._lr(self.step)
         for _epoch in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
+            tokens = max(1, seqs.global_num_tokens) * c.num_iterations
             for k, idx in enumerate(mbs):
                 logp, mask = forward(model, k)
-                tokens = max(1, seqs.global_num_tokens) * c.num_iterations
                 w = None
                 if level:  # π_old: the parameters the engine sampled at (this forward's, in the first epoch)
                     w, ew = engine_weights(c, level, seqs, idx, old.get(k, logp), mask)
@@ -518,25 +518,25 @@ class DPPOTrainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def _prepare_output(self, resume: bool, overwrite: bool = False) -> None:
-        """Resume from the last checkpoint (logs cut back to it), or start afresh in a directory that holds no
-        run (an earlier run there is refused, or moved aside with ``overwrite``); write config.json."""
+        """Resume from the last checkpoint, or start where no run is (or was moved aside); write config.json."""
         main = self.dist.is_main  # data parallel: rank 0 writes every file; all ranks load a checkpoint
-        if main:
-            ckpt.check_output_dir(self.output_dir)
         found = ckpt.run_files(self.output_dir)  # every rank decides alike, before rank 0 changes anything
-        if found and not resume and not overwrite:
-            ckpt.refuse_or_move_aside(self.output_dir, resume=False, overwrite=False)
+        ckpt.check_output_dir(self.output_dir)
+        move = ckpt.must_move_aside(self.output_dir, found, resume=resume, overwrite=overwrite, reads=[self.model_path])
+        if resume and found and not self.checkpoints():  # nothing to continue from
+            if "final" in found:
+                raise ckpt.RunExistsError(f"output_dir={str(self.output_dir)!r} holds a finished run without "
+                                          "checkpoints: nothing to --resume; pass --overwrite or another --output-dir")
+            move = True  # an attempt stopped before its first checkpoint: kept beside, and run again from step 0
         barrier(self.dist)
-        if main and found and not resume:
-            moved = ckpt.refuse_or_move_aside(self.output_dir, resume=False, overwrite=True)
-            print(f"--overwrite: the earlier run in {self.output_dir} was moved to {moved}", flush=True)
+        if main and move:
+            moved = ckpt.move_aside(self.output_dir)
+            print(f"the earlier run in {self.output_dir} was moved to {moved}", flush=True)
         barrier(self.dist)
         if resume and self.checkpoints():
             self.load_checkpoint(self.checkpoints()[-1])
             if main:
                 ckpt.truncate_logs(self.output_dir, self.step, final=self.step >= self.config.max_steps)
-        elif main:  # resume without a checkpoint: the steps before the first one are run again
-            ckpt.start_afresh(self.output_dir)
         barrier(self.dist)
         if main:
             (self.output_dir / "config.json").write_text(self.config.to_json())

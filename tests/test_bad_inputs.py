@@ -451,6 +451,28 @@ def test_a_directory_that_holds_a_run_is_refused_moved_aside_or_resumed(finished
     assert _snapshot(tmp_path / "run.previous-1") == before and (out / "final").is_dir()
     _trainer(_config(small_model_dir, out, max_steps=2, eval_levels=(2,))).train(resume=True)  # continues
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    with pytest.raises(ConfigError, match="--resume continues .* and --overwrite moves it aside: pass one"):
+        _trainer(_config(small_model_dir, out, eval_levels=(2,))).train(resume=True, overwrite=True)
+    # --resume with nothing to continue from: a finished run without checkpoints is refused ...
+    for ckpt in out.glob("checkpoint-*"):
+        shutil.rmtree(ckpt)
+    finished = _snapshot(out)
+    with pytest.raises(RunExistsError, match="holds a finished run without checkpoints: nothing to --resume"):
+        _trainer(_config(small_model_dir, out, max_steps=3, eval_levels=(2,))).train(resume=True)
+    assert _snapshot(out) == finished
+    # ... and an attempt stopped before its first checkpoint is kept beside, and the run starts again
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    (attempt / "config.json").write_text("{}")
+    (attempt / "eval.jsonl").write_text('{"step": 0}\n')
+    _trainer(_config(small_model_dir, attempt, eval_levels=(2,))).train(resume=True)
+    assert _snapshot(tmp_path / "attempt.previous-1") == {"config.json": b"{}", "eval.jsonl": b'{"step": 0}\n'}
+    assert (attempt / "final").is_dir()
+    # --overwrite never moves away what the run reads: the model, or the current directory
+    inner = out / "model"
+    shutil.copytree(small_model_dir, inner)
+    with pytest.raises(ConfigError, match="--overwrite would move .*model away with output_dir"):
+        _trainer(_config(inner, out, eval_levels=(2,))).train(overwrite=True)
 
 
 def test_a_rerun_killed_in_its_first_evaluation_loses_nothing(finished_run, small_model_dir, tmp_path):
@@ -540,8 +562,8 @@ def test_a_full_disk_is_one_line_and_a_bug_keeps_its_traceback(small_model_dir, 
     code, err = _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out",
                      f"model={small_model_dir}")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert re.match(r"error: No space left on device writing .*metrics.jsonl: free some space or choose another "
-                    r"--output-dir; the last checkpoint written is complete \(--resume continues from it\)", err)
+    assert re.match(r"error: No space left on device at .*metrics.jsonl: free some space or choose another "
+                    r"--output-dir; a run's last checkpoint is complete \(--resume continues from it\)", err)
 
     def bug(self, resume=False, overwrite=False):
         raise TypeError("a bug")
@@ -549,6 +571,14 @@ def test_a_full_disk_is_one_line_and_a_bug_keeps_its_traceback(small_model_dir, 
     monkeypatch.setattr(DPPOTrainer, "train", bug)
     with pytest.raises(TypeError, match="a bug"):
         _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out2", f"model={small_model_dir}")
+    import dppo_core
+
+    def missing_asset(self, resume=False, overwrite=False):  # a file of the package itself: a bug, not an input
+        raise FileNotFoundError(errno.ENOENT, "No such file", str(Path(dppo_core.__file__).parent / "presets" / "x"))
+
+    monkeypatch.setattr(DPPOTrainer, "train", missing_asset)
+    with pytest.raises(FileNotFoundError):
+        _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out3", f"model={small_model_dir}")
 
 
 @pytest.mark.parametrize("command", ["bench", "demo"])
@@ -568,6 +598,23 @@ def test_bench_and_demo_refuse_a_directory_that_holds_a_bench(tmp_path, capsys, 
     assert holds_bench(out, resume=True, overwrite=False) is None  # --resume: kept as it is
     moved = holds_bench(out, resume=False, overwrite=True)
     assert moved == tmp_path / "bench.previous-1" and _snapshot(moved) == before and not any(out.iterdir())
+    # a bench restarts only its own unfinished runs: a finished run, or a directory it did not write, is refused
+    from dppo_core.checkpoint import RunExistsError
+    from dppo_core.tools.bench.run import _clear_unfinished_run
+
+    run = out / "runs" / "dppo" / "seed-0"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    with pytest.raises(RunExistsError, match="finished bench run"):
+        _clear_unfinished_run(run)
+    (run / "run.json").unlink()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RunExistsError, match="files a bench run does not write \\(notes.txt\\)"):
+        _clear_unfinished_run(run)
+    (run / "notes.txt").unlink()
+    (run / "metrics.jsonl").write_text("{}\n")
+    _clear_unfinished_run(run)
+    assert not run.exists()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ class HFRollout:
     - Models whose cache keeps per-sequence state beyond keys and values (linear-attention or hybrid
       layers) cannot drop rows: their chunks are decoded by ``generate``, with one warning.
 
-    The compact loop's decode steps run :class:`~dppo_core.lean_decode.LeanDecoder` where it supports the model
+    The compact loop's decode steps run :class:`~dppo_core.engines.lean_decode.LeanDecoder` where it supports the model
     (Llama, Qwen2 and Qwen3 models, plain or with PEFT LoRA adapters: the tiny model, full fine-tuning and
     LoRA): the same operations as the
     model's forward without transformers' per-call machinery (mask building, cache concatenation, module
@@ -203,7 +203,7 @@ class HFRollout:
         self._warned_cache = False
 
     def _lean_decoder(self):
-        """A :class:`~dppo_core.lean_decode.LeanDecoder` for the current model, or ``None`` where it has none."""
+        """A :class:`~dppo_core.engines.lean_decode.LeanDecoder` for the model, or ``None`` where it has none."""
         from dppo_core.engines.lean_decode import LeanDecoder
 
         return LeanDecoder.for_model(self.model)

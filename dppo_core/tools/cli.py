@@ -43,7 +43,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
     from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
     from dppo_core.tools.bench import BENCH_PRESETS, format_levels, format_table, run_bench
+    from dppo_core.tools.bench.run import holds_bench
 
+    if not args.resume and not args.overwrite:
+        holds_bench(args.output_dir, resume=False, overwrite=False)  # refused before anything runs
     t0 = time.perf_counter()
     print("1/2 the warm-started tiny model (the copy shipped with the package; trained and cached if "
           "--warm-start-steps asks for another)")
@@ -323,14 +326,9 @@ def load_train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train with GRPO/DPPO; metrics go to OUTPUT_DIR/metrics.jsonl, evaluations to eval.jsonl."""
-    from dppo_core.config import ConfigError
     from dppo_core.trainer import DPPOTrainer
 
-    try:
-        config = load_train_config(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = load_train_config(args)  # a ConfigError here or later is one line (main)
     trainer = DPPOTrainer(config)
     if not trainer.dist.is_main:  # data parallel (torchrun): rank 0 reports for the job
         trainer.train(resume=args.resume, overwrite=args.overwrite)
@@ -433,9 +431,10 @@ def config_fields_help(width: int | None = None) -> str:
 
 def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str) -> None:
     """--resume and --overwrite: an output directory that holds a run is refused without one of them."""
-    p.add_argument("--resume", action="store_true", help=resume_help)
-    p.add_argument("--overwrite", action="store_true",
-                   help="if the output dir holds a run, move it to OUTPUT_DIR.previous-N first (nothing is deleted)")
+    either = p.add_mutually_exclusive_group()
+    either.add_argument("--resume", action="store_true", help=resume_help)
+    either.add_argument("--overwrite", action="store_true",
+                        help="if the output dir holds a run, move it to OUTPUT_DIR.previous-N first (nothing deleted)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -565,14 +564,24 @@ def user_error(exc: BaseException) -> str | None:
 
     if isinstance(exc, (ConfigError, BenchError, EvalInputError)):
         return str(exc)
+    if not isinstance(exc, OSError) or _inside_the_package(exc.filename):  # a file of ours missing: a bug
+        return None
     if isinstance(exc, FileNotFoundError):
         return str(exc) if exc.filename is None else f"{exc.filename} does not exist ({exc.strerror})"
-    if isinstance(exc, OSError) and exc.errno in _OS_FIXES:
-        where = f" writing {exc.filename}" if exc.filename else ""
-        note = "; the last checkpoint written is complete (--resume continues from it)" if exc.errno in (
-            errno.ENOSPC, errno.EDQUOT) else ""
+    if exc.errno in _OS_FIXES:
+        where = f" at {exc.filename}" if exc.filename else ""
+        note = ("; a run's last checkpoint is complete (--resume continues from it)"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "")
         return f"{exc.strerror or exc}{where}: {_OS_FIXES[exc.errno]}{note}"
     return None
+
+
+def _inside_the_package(filename: object) -> bool:
+    import dppo_core
+
+    if not isinstance(filename, (str, Path)):
+        return False
+    return Path(filename).resolve().is_relative_to(Path(dppo_core.__file__).resolve().parent)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,8 +83,7 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callab
     model are removed. ``run.json`` is written last: it marks the run as finished.
     """
     out = Path(config.output_dir)
-    if out.exists():  # an unfinished run of this bench (a finished one is kept or moved aside by run_bench)
-        shutil.rmtree(out)
+    _clear_unfinished_run(out)  # a finished one is kept, or moved aside with the bench, by run_bench
     t0 = time.perf_counter()
     if method in TRL_PEERS:
         run_peer(method, config, preset, log, on_record)
@@ -135,17 +134,34 @@ def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[i
 def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
     """Refuse an ``output_dir`` that holds a bench (``bench.json`` or ``runs/``) unless ``resume`` or ``overwrite``;
     with ``overwrite``, move it aside and return where it went."""
-    from dppo_core.checkpoint import RunExistsError, check_output_dir, move_aside
+    from dppo_core.checkpoint import check_output_dir, move_aside, must_move_aside
 
-    check_output_dir(output_dir)
     found = [name for name in ("bench.json", "bench.md", "runs") if (output_dir / name).exists()]
-    if not found or resume:
-        return None
-    if not overwrite:
-        raise RunExistsError(f"output_dir={str(output_dir)!r} holds a bench ({', '.join(found)}); keep its finished "
-                             "runs and run the rest with --resume, or pass --overwrite to move it aside first, or "
-                             "choose another --output-dir. Nothing was changed")
-    return move_aside(output_dir)
+    check_output_dir(output_dir)
+    if must_move_aside(output_dir, found, resume=resume, overwrite=overwrite, what="a bench",
+                       resume_hint="keep its finished runs and run the rest with --resume"):
+        return move_aside(output_dir)
+    return None
+
+
+#: What a bench's run directory holds (``run_method`` starts an unfinished one again, and nothing else)
+BENCH_RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "final", "trl", "trl_args.json", "tensorboard")
+
+
+def _clear_unfinished_run(out: Path) -> None:
+    """Remove an unfinished run of a bench (no ``run.json``) before it runs again; refuse anything else."""
+    from dppo_core.checkpoint import CHECKPOINT_PREFIX, RunExistsError
+
+    if not out.exists():
+        return
+    if (out / "run.json").exists():
+        raise RunExistsError(f"{out} holds a finished bench run (run.json); run_bench(..., resume=True) keeps it")
+    unknown = [p.name for p in out.iterdir() if p.name not in BENCH_RUN_FILES
+               and not p.name.startswith((CHECKPOINT_PREFIX, f".tmp-{CHECKPOINT_PREFIX}", ".tmp-final-"))]
+    if unknown:
+        raise RunExistsError(f"{out} holds files a bench run does not write ({', '.join(sorted(unknown)[:4])}); "
+                             "choose another output directory")
+    shutil.rmtree(out)
 
 
 def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequence[int] | None = None,
