@@ -577,11 +577,8 @@ def user_error(exc: BaseException) -> str | None:
 
 
 def _inside_the_package(filename: object) -> bool:
-    import dppo_core
-
-    if not isinstance(filename, (str, Path)):
-        return False
-    return Path(filename).resolve().is_relative_to(Path(dppo_core.__file__).resolve().parent)
+    package = Path(__file__).resolve().parents[1]  # dppo_core/ (this is dppo_core/tools/cli.py)
+    return isinstance(filename, (str, Path)) and Path(filename).resolve().is_relative_to(package)
 
 
 def main(argv: list[str] | None = None) -> int:
