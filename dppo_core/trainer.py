@@ -347,7 +347,7 @@ class DPPOTrainer:
         mbs, forward, layout = layout_micro_batches(seqs, c, self.tokenizer.pad_token_id,
                                                     segments=attention_implementation(model) == SEGMENTS)
         layout["time_pack"] = time.perf_counter() - t_pack
-        old, ref = {}, {}
+        old, ref, engine_w = {}, {}, {}
         with torch.no_grad():
             if c.num_iterations > 1:  # the PPO ratio's denominator (with one epoch the ratio is 1)
                 model.eval()
@@ -365,17 +365,16 @@ class DPPOTrainer:
             group["lr"] = self._lr(self.step)
         for _epoch in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            tokens = max(1, seqs.global_num_tokens) * c.num_iterations
+            tokens = max(1, seqs.global_num_tokens)
             for k, idx in enumerate(mbs):
                 logp, mask = forward(model, k)
-                w = None
-                if level:  # π_old: the parameters the engine sampled at (this forward's, in the first epoch)
-                    w, ew = engine_weights(c, level, seqs, idx, old.get(k, logp), mask)
+                if level and k not in engine_w:  # π_old (the engine's parameters) is fixed: weigh each once
+                    engine_w[k], ew = engine_weights(c, level, seqs, idx, old.get(k, logp), mask)
                     stats["engine_weight_mean"] += ew["engine_weight_sum"] / tokens
                     stats["engine_weight_truncated"] += ew["engine_truncated"] / tokens
                     stats["engine_logprob_diff_max"] = max(stats["engine_logprob_diff_max"],
                                                            ew["engine_logprob_diff_max"])
-                loss, st = micro_batch_loss(c, seqs, idx, logp, mask, old.get(k), ref.get(k), w)
+                loss, st = micro_batch_loss(c, seqs, idx, logp, mask, old.get(k), ref.get(k), engine_w.get(k))
                 loss.backward()
                 share = mask.sum().item() / max(1, seqs.global_num_tokens) / c.num_iterations
                 stats["loss"] += loss.item() / c.num_iterations

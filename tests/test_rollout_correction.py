@@ -196,3 +196,15 @@ def test_a_skewed_engine_is_seen_logged_and_corrected(small_model_dir, tmp_path,
                                                           off_trainer.model.parameters(), strict=True))
     assert moved > 1e-6, "the weights must change the update"
     assert json.loads(json.dumps(r))["engine_weight_mean"] == r["engine_weight_mean"]  # logged as plain floats
+
+
+def test_two_epochs_weigh_against_the_same_engine_log_probs(small_model_dir, tmp_path):
+    """With two PPO epochs π_old is the sampling policy in both: each micro-batch is weighed once, and the logged
+    weights are those of one epoch (per trained token, not counted twice)."""
+    skewed = lambda t: SkewedEngine(t.model, t.tokenizer, temperature=2.0)  # noqa: E731
+    kw = dict(rollout_correction="token", rollout_correction_cap=1.1)
+    _, one = _steps(_config(small_model_dir, tmp_path / "one", **kw), skewed, steps=1)
+    _, two = _steps(_config(small_model_dir, tmp_path / "two", num_iterations=2, **kw), skewed, steps=1)
+    for key in ("engine_weight_mean", "engine_weight_truncated", "engine_logprob_diff_max"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-4, abs=1e-6), key
+    assert 0 < two[0]["engine_weight_truncated"] < 1
