@@ -5,7 +5,7 @@ estimator's prompt history and the step with the torch RNG state. It is written 
 into place (atomic); old ones are moved out of sight before they are deleted, so ``--resume`` never picks a
 half-written or half-deleted one. Everything a checkpoint holds is read and checked before any of it is
 applied, so a damaged file raises a :class:`~dppo_core.config.ConfigError` that says which checkpoint to
-delete, and leaves the trainer as it was.
+delete, and leaves the trainer as it was. :class:`PhaseTimer` times a step's phases for its log record.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,3 +317,22 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+class PhaseTimer:
+    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def record(self, time_pack: float = 0.0) -> dict[str, float]:
+        p = self.phases
+        return {"time_prune": p.get("prune", 0.0), "time_rollout": p.get("rollout", 0.0),
+                "time_reward": p.get("reward", 0.0), "time_update": p.get("update", 0.0) - time_pack,
+                "time_sync": p.get("sync", 0.0), "step_time": self.last - self.start}

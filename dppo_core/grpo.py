@@ -55,6 +55,8 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     rewards = rewards.float()
+    if rewards.numel() == 0:  # no group (every prompt pruned): nothing to centre
+        return rewards.clone()
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if scale_rewards == "group":
         return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)

@@ -45,7 +45,8 @@ Keep-probability schemes (``rate`` = r):
 * ``"posterior"`` (prompts) — ``proportional`` on :func:`posterior_scores`: √P(the next group is informative)
   under a Beta-binomial posterior over the prompt's success rate from its whole (discounted) history.
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
-  the variance-optimal shape per token trained.
+  the variance-minimising shape per token trained for independent draws when a completion's gradient size is
+  ∝ |A|·len^(1/2−γ) (docs/estimator.md); near-optimal where that holds only roughly.
 
 Fixed-size designs (:func:`sample_keep`): ``systematic`` (random order), ``sorted`` (systematic along a score:
 stratified) and ``pivotal`` (ordered pivotal sampling); each keeps item j with probability exactly p_j.

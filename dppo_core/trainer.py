@@ -97,25 +97,6 @@ class PromptSelection(Selection):
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-class PhaseTimer:
-    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``."""
-
-    def __init__(self) -> None:
-        self.start = self.last = time.perf_counter()
-        self.phases: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
-        self.last = now
-
-    def record(self, time_pack: float = 0.0) -> dict[str, float]:
-        p = self.phases
-        return {"time_prune": p.get("prune", 0.0), "time_rollout": p.get("rollout", 0.0),
-                "time_reward": p.get("reward", 0.0), "time_update": p.get("update", 0.0) - time_pack,
-                "time_sync": p.get("sync", 0.0), "step_time": self.last - self.start}
-
-
 class DPPOTrainer:
     """Runs the training loop for a :class:`DPPOConfig`.
 
@@ -295,6 +276,15 @@ class DPPOTrainer:
         weighting = self._weigh(advantages, selection, self.step if step is None else step, rewards, lengths)
         return self.sequences(batch, advantages, weighting, group_offset)
 
+    def weigh_groups(self, selection: PromptSelection, rewards: torch.Tensor, lengths: torch.Tensor, step: int
+                     ) -> tuple[torch.Tensor, Weighting]:
+        """After reward, in :meth:`train_step`'s order: the advantages over whole groups, the history's record of
+        them (``observe``: it decides the next steps' π), then the keep draws and weights (``weigh``), whose π_q
+        are those ``selection`` was drawn with, not the updated history's. Returns (advantages, weighting)."""
+        adv = group_advantages(rewards, self.config.scale_rewards)
+        self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, step)
+        return adv, self._weigh(adv, selection, step, rewards, lengths)
+
     def _weigh(self, advantages: torch.Tensor, selection: Selection | None, step: int,
                rewards: torch.Tensor | None, lengths: torch.Tensor | None = None) -> Weighting:
         extra: dict[str, torch.Tensor | None] = {}
@@ -404,7 +394,7 @@ class DPPOTrainer:
     # --- one step ---------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
         """One step: select (prune prompts), roll out, reward, advantages, weigh (prune completions), update, sync."""
-        c, timer = self.config, PhaseTimer()
+        c, timer = self.config, ckpt.PhaseTimer()
         # 1. select: which candidate prompts to roll out (prompt pruning, before any generation)
         selection = self.select_prompts(self.step)
         timer.lap("prune")
@@ -419,12 +409,10 @@ class DPPOTrainer:
         rewards, means = self._score(rows, batch) if rows else (torch.zeros(0, c.num_generations), {})
         lengths = [comp.length for g in batch.groups for comp in g.completions]
         rewards, lengths, means = gather_groups(rewards, lengths, means, self.dist)
-        adv = group_advantages(rewards, c.scale_rewards)
-        self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, self.step)
         timer.lap("reward")
-        # 4. weigh: which completions to train on, their weights 1/(π_q p_qi) and the normaliser
+        # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
-        weighting = self._weigh(adv, selection, self.step, rewards, lens)
+        adv, weighting = self.weigh_groups(selection, rewards, lens, self.step)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)
@@ -439,7 +427,7 @@ class DPPOTrainer:
         self.step += 1
         return self._step_record(selection, rewards, lengths, means, seqs, weights, stats, timer)
 
-    def _skipped_step(self, selection: PromptSelection, timer: PhaseTimer) -> dict[str, Any]:
+    def _skipped_step(self, selection: PromptSelection, timer: ckpt.PhaseTimer) -> dict[str, Any]:
         self.step += 1
         return {"prompts_candidates": selection.window, "prompts_rolled_out": 0, "step": self.step, "skipped": 1,
                 **ZERO_STATS, "reward_mean": None, "lr": self._lr(self.step - 1), "tokens_generated": 0,
@@ -448,7 +436,7 @@ class DPPOTrainer:
 
     def _step_record(self, selection: PromptSelection, rewards: torch.Tensor, lengths: list[int],
                      means: dict[str, float], seqs: Sequences, weights: torch.Tensor, stats: dict[str, float],
-                     timer: PhaseTimer) -> dict[str, Any]:
+                     timer: ckpt.PhaseTimer) -> dict[str, Any]:
         """The step's metrics line (``metrics.jsonl``)."""
         g = self.config.num_generations
         mean_len = sum(lengths) / len(lengths)
