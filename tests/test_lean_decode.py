@@ -1,4 +1,5 @@
-"""The lean decode step (dppo_core.engines.lean_decode) against the model's own forward: the same logits bit for bit."""
+"""The lean decode step (dppo_core.engines.lean_decode) against the model's own forward: the same logits bit for bit,
+in fp32 and in bf16 with random norm weights."""
 
 from __future__ import annotations
 
@@ -46,6 +47,46 @@ def _decode_both(model, steps: int = 6, leave: dict[int, list[int]] | None = Non
 def test_lean_step_gives_the_forwards_logits_bit_for_bit(kind, attn):
     # rows 2 and 5 (the shortest prompts, with the most padding) leave after step 2; then every padded row but one
     assert _decode_both(_tiny(kind, attn), steps=7, leave={2: [0, 1, 3, 4], 4: [1, 2, 3]}) == 6 * 2 + 4 * 2 + 3 * 3
+
+
+def _bf16_with_random_norms(kind: str, attn: str = "sdpa") -> torch.nn.Module:
+    """:func:`_tiny` in bfloat16, with every RMSNorm weight drawn around 1 (each layer's two norms, Qwen3's
+    per-head q_norm and k_norm, the final norm). At initialisation they are all 1, and in fp32 the norm's input
+    is already float32: either way the order of the weight product and the cast back to the input's dtype
+    makes no difference, so only bf16 with weights other than 1 can tell a slip in that order apart."""
+    model = _tiny(kind, attn).to(torch.bfloat16)
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(norms) == 2 * 2 + 1 + (2 * 2 if kind == "qwen3" else 0)  # two layers
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.normal_(1.0, 0.3)
+            assert norm.weight.dtype == torch.bfloat16 and (norm.weight != 1).float().mean() > 0.9
+    return model
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama-linear-rope"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_lean_step_is_bit_for_bit_in_bf16_with_random_norm_weights(kind, attn):
+    # rollouts run in the model's dtype, bf16 for most checkpoints: every rounding to bf16 (the norms' cast back,
+    # the projections, the rotary product, the attention) must happen where the forward rounds
+    model = _bf16_with_random_norms(kind, attn)
+    assert _decode_both(model, steps=7, leave={2: [0, 1, 3, 4], 4: [1, 2, 3]}) == 6 * 2 + 4 * 2 + 3 * 3
+
+
+def test_a_cast_order_slip_in_the_norm_is_caught(monkeypatch):
+    """The negative control of the test above: a lean RMSNorm that applies the weight before the cast back,
+    ``(weight * x32).to(dtype)`` instead of the architectures' ``weight * x32.to(dtype)``, gives other logits in
+    bf16 with random norm weights, and the same ones in fp32 (which is why the fp32 tests cannot see it)."""
+    from dppo_core.engines import lean_decode
+
+    def slipped(x, norm):
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return (norm.weight * x32).to(x.dtype)
+
+    monkeypatch.setattr(lean_decode, "_rms_norm", slipped)
+    assert compare_with_forward(_bf16_with_random_norms("qwen3"), steps=4)[0] > 0
+    assert compare_with_forward(_tiny("qwen3"), steps=4)[0] == 0
 
 
 def test_lean_step_on_the_package_models_attention(warm_small_model_dir):

@@ -1,5 +1,5 @@
 """Dense packing: the packer's invariants (hypothesis), oversize sequences, density, and packed == padded
-log-probs, loss and gradients on the tiny model, plain and LoRA."""
+log-probs (at temperature 1 and others), loss and gradients on the tiny model, plain and LoRA."""
 
 import random
 
@@ -182,9 +182,9 @@ def _sequences(seed, n=24, vocab=300):  # the tiny model's vocabulary has 309 to
                          weight=rng.uniform(0.5, 3.0)) for _ in range(n)]
 
 
-def _padded(model, seqs):
+def _padded(model, seqs, temperature=1.0):
     logp, mask = completion_logprobs_with_grad(model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                                               1.0, PAD)
+                                               temperature, PAD)
     return logp * mask, mask  # the reference leaves arbitrary values on padding; packing leaves 0
 
 
@@ -199,6 +199,24 @@ def test_packed_logprobs_equal_padded(model, seed, budget, window):
     assert logp.shape == ref.shape and logp.dtype == torch.float32
     assert torch.equal(mask, ref_mask)
     assert (logp - ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_packed_logprobs_equal_padded_at_a_temperature(model, temperature):
+    """The update scores completions at ``config.temperature`` (dppo_core.logprobs passes it on): packed equals
+    padded at T != 1 too, on the default route and the flattened one. The temperature has power here: the
+    log-probs at T differ from those at T = 1 by far more than the tolerance, so a packed forward that ignored it
+    (and scored at T = 1) would fail."""
+    seqs = _sequences(10)
+    batch = pack(seqs, 128, pad_id=PAD)
+    with torch.no_grad():
+        ref, ref_mask = _padded(model, seqs, temperature)
+        at_one, _ = _padded(model, seqs)
+        for attention in ("auto", "varlen"):
+            logp, mask = packed_completion_logprobs(model, batch, temperature, attention=attention)
+            assert torch.equal(mask, ref_mask)
+            assert (logp - ref).abs().max() < 1e-5, f"attention={attention}"
+    assert (ref - at_one).abs().max() > 1e-2
 
 
 def test_a_mask_that_crosses_boundaries_is_caught(model):

@@ -1,8 +1,8 @@
 """The prompt once per group (dppo_core.shared_prefix): the same completion log-probs, loss and gradient as the
 padded layout, with segment attention (the default route, `attn_implementation: auto`), sdpa with an explicit
-mask and eager, packed, one group per row and one unpadded row; mutant masks, plans and positions are caught;
-the token count is P + sum of R per segment; the trainer's update with `shared_prefix: true` steps with the
-plain update's gradient."""
+mask and eager, packed, one group per row and one unpadded row, at temperature 1 and others (as the update's
+layouts score at `temperature`); mutant masks, plans and positions are caught; the token count is P + sum of R
+per segment; the trainer's update with `shared_prefix: true` steps with the plain update's gradient."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.logprobs import Sequences, completion_logprobs_with_grad, layout_micro_batches
-from dppo_core.packing import PackSequence
+from dppo_core.packing import PackSequence, attention_implementation
 from dppo_core.shared_prefix import (
     NAME,
     build_shared_batch,
@@ -60,13 +60,13 @@ def _groups(seed, n_groups=5, g=4, vocab=300):
     return out
 
 
-def _padded(model, seqs):
+def _padded(model, seqs, temperature=1.0):
     logp, mask = completion_logprobs_with_grad(model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                                               1.0, PAD)
+                                               temperature, PAD)
     return logp * mask, mask
 
 
-def _shared(model, seqs, budget, rows_per_micro_batch=2, one_row=False):
+def _shared(model, seqs, budget, rows_per_micro_batch=2, one_row=False, temperature=1.0):
     """Log-probs of every sequence through the micro-batches, in input order."""
     n = len(seqs)
     t_c = max(len(s.completion_ids) for s in seqs)
@@ -75,7 +75,7 @@ def _shared(model, seqs, budget, rows_per_micro_batch=2, one_row=False):
     for idx, batch in shared_prefix_micro_batches(seqs, budget, rows_per_micro_batch, pad_id=PAD, one_row=one_row):
         if one_row:
             assert batch.num_rows == 1 and batch.density == 1.0
-        lp, m = shared_prefix_logprobs(model, batch)
+        lp, m = shared_prefix_logprobs(model, batch, temperature)
         logp[idx, : lp.shape[1]] = lp
         mask[idx, : m.shape[1]] = m
     return logp, mask
@@ -90,6 +90,23 @@ def test_shared_prefix_logprobs_equal_padded(model, seed, budget, one_row):
         logp, mask = _shared(model, seqs, budget, one_row=one_row)
     assert torch.equal(mask, ref_mask)
     assert (logp - ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_shared_prefix_logprobs_equal_padded_at_a_temperature(model, temperature):
+    """The update scores completions at ``config.temperature`` (dppo_core.logprobs passes it on): the shared-prefix
+    layout equals the padded one at T != 1 too, in rows and in one unpadded row. The temperature has power here:
+    the log-probs at T differ from those at T = 1 by far more than the tolerance, so a shared_prefix_logprobs that
+    ignored it (and scored at T = 1) would fail."""
+    seqs = _groups(11)
+    with torch.no_grad():
+        ref, ref_mask = _padded(model, seqs, temperature)
+        at_one, _ = _padded(model, seqs)
+        for one_row in (False, True):
+            logp, mask = _shared(model, seqs, 96, one_row=one_row, temperature=temperature)
+            assert torch.equal(mask, ref_mask)
+            assert (logp - ref).abs().max() < 1e-5, f"one_row={one_row}"
+    assert (ref - at_one).abs().max() > 1e-2
 
 
 def test_loss_and_gradient_equal_padded(model):
@@ -317,6 +334,30 @@ def test_the_update_layout_saves_the_prompt_copies_and_trains_the_same(small_mod
     assert base.norm() > 0
     for key, g in grads.items():
         assert ((g - base).norm() / base.norm()).item() < 1e-5, key
+
+
+def test_every_update_layout_scores_at_the_configured_temperature(model):
+    """Through the update's own layouts (layout_micro_batches, as the trainer calls it) with ``temperature: 0.7``:
+    padded, packed, shared prefix and shared prefix packed each give the padded log-probs at 0.7, which differ
+    from those at 1 by far more than the tolerance, so a layout that dropped ``config.temperature`` would fail."""
+    seqs = _groups(12)
+    s = Sequences([x.prompt_ids for x in seqs], [x.completion_ids for x in seqs], torch.zeros(len(seqs)),
+                  torch.ones(len(seqs), dtype=torch.float64), 1)
+    segments = attention_implementation(model) == NAME  # as the trainer decides
+    with torch.no_grad():
+        ref, ref_mask = _padded(model, seqs, 0.7)
+        assert (ref - _padded(model, seqs)[0]).abs().max() > 1e-2
+        for shared in (False, True):
+            for packing in (False, True):
+                c = DPPOConfig(temperature=0.7, shared_prefix=shared, packing=packing, max_tokens_per_row=96,
+                               packing_rows_per_micro_batch=2, micro_batch_size=8, num_generations=4)
+                mbs, forward, _ = layout_micro_batches(s, c, PAD, segments=segments)
+                for k, idx in enumerate(mbs):
+                    logp, mask = forward(model, k)
+                    width = logp.shape[1]
+                    assert torch.equal(mask, ref_mask[idx, :width])
+                    diff = (logp * mask - ref[idx, :width]).abs().max()
+                    assert diff < 1e-5, f"shared_prefix={shared}, packing={packing}"
 
 
 def test_layout_micro_batches_takes_the_shared_prefix_route():
