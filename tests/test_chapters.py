@@ -7,6 +7,7 @@ repository the badge points to, and installs nothing outside Colab.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -55,6 +56,60 @@ def test_chapter_layout(notebook):
     assert "## Summary" in markdown and "## Exercises" in markdown
     listed = (NOTEBOOKS / "README.md").read_text()
     assert f"]({notebook.name})" in listed, f"{notebook.name} is not in notebooks/README.md"
+
+
+COLAB_BADGE = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_colab_badge_sits_above_the_title(notebook):
+    """Every chapter opens the same way: the badge on the first line, a blank line, then the `# Chapter NN` title."""
+    lines = _source(_cells(notebook)[0]).splitlines()
+    badge = f"{COLAB_BADGE}(https://colab.research.google.com/github/{OWNER_REPO}/blob/main/notebooks/{notebook.name})"
+    assert lines[:2] == [badge, ""] and lines[2].startswith(f"# Chapter {_number(notebook)} — "), \
+        f"{notebook.name}: the first cell should start with the Colab badge, then the title: {lines[:3]}"
+
+
+def _list_breaks(markdown: str) -> list[str]:
+    """Lines that end a numbered list between its items n and n+1: a non-blank line at column 0 after a blank line
+    (a `$$` block that belongs to item n, say) closes the list in Markdown, so item n+1 renders as plain text
+    inside the paragraph before it, or starts a new list. A line inside an item is indented under its text."""
+    lines = markdown.splitlines()
+    items = [(i, int(m.group(1))) for i, line in enumerate(lines) if (m := re.match(r"(\d+)\. ", line))]
+    return [f"between items {n} and {n + 1}: {lines[k][:60]!r}"
+            for (a, n), (b, m) in itertools.pairwise(items) if m == n + 1
+            for k in range(a + 1, b)
+            if lines[k].strip() and not lines[k][0].isspace() and not lines[k - 1].strip()]
+
+
+def test_list_break_check_sees_a_display_formula_at_column_0():
+    cut = "1. first\n2. second, so\n\n$$x = 1$$\n\n   more of item 2\n3. third\n"
+    kept = cut.replace("\n$$x = 1$$", "\n   $$x = 1$$")
+    assert _list_breaks(cut) == ["between items 2 and 3: '$$x = 1$$'"] and _list_breaks(kept) == []
+    assert _list_breaks("1. one\n2. two\n\nA paragraph after the list.\n\n1. a new list\n") == []
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_numbered_lists_are_not_cut_by_a_column_0_line(notebook):
+    breaks = [f"cell {k}, {b}" for k, c in enumerate(_cells(notebook)) if c["cell_type"] == "markdown"
+              for b in _list_breaks(_source(c))]
+    assert not breaks, f"{notebook.name}: indent these lines under their list item: {breaks}"
+
+
+OBJECT_REPR = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")                # <torch._C.Generator at 0x7f...>
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_stored_outputs_show_no_object_reprs(notebook):
+    """A cell whose last expression returns an object (``torch.manual_seed(0)`` returns the Generator) stores its
+    repr with a memory address: noise for the reader, which nbval only passes because sanitize.cfg masks 0x..."""
+    found = []
+    for k, cell in enumerate(_cells(notebook)):
+        for out in cell.get("outputs", []):
+            texts = [out.get("text", "")] + [v for mime, v in out.get("data", {}).items() if mime.startswith("text/")]
+            texts = [t if isinstance(t, str) else "".join(t) for t in texts]
+            found += [f"cell {k}: {m}" for t in texts for m in OBJECT_REPR.findall(t)]
+    assert not found, f"{notebook.name}: {found}"
 
 
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
