@@ -30,7 +30,7 @@ PERTURBED := ATEN_CPU_CAPABILITY=$(PERTURBED_ATEN) MKL_CBWR=COMPATIBLE ONEDNN_MA
 	DPPO_CACHE_DIR=$(CURDIR)/.cache/dppo-perturbed
 NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: setup demo test test-perturbed test-fast lint hooks notebooks clean
+.PHONY: setup demo test test-perturbed test-fast test-colab dist lint hooks notebooks clean
 
 setup:
 	bash scripts/setup.sh
@@ -56,6 +56,18 @@ test-perturbed: setup
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow"
 
+# The course install as Colab or a workshop laptop gets it: the wheel with the course extra only, into a fresh
+# environment that already has another torch (2.12), then every chapter top to bottom outside the clone, network
+# closed (scripts/colab_check.py; its summary, with the install's time and size, is committed). Not in `make test`:
+# the CUDA build of torch it installs first is several GB.
+COLAB_TORCH ?= 2.12.0
+test-colab: setup
+	$(PY) scripts/colab_check.py --torch $(COLAB_TORCH) --output benchmarks/results/colab/torch-$(COLAB_TORCH).json
+
+# The wheel and sdist (dist/): what `pip install "dist/dppo_core-<version>-py3-none-any.whl[course]"` installs.
+dist: setup
+	$(PY) -m build --outdir dist
+
 # Re-execute every chapter and store its outputs (what nbval compares), with the timing table in notebooks/README.md.
 notebooks: setup
 	$(PY) -m dppo_core build
@@ -64,7 +76,7 @@ notebooks: setup
 # ruff, then mypy on the library as pyproject.toml's [tool.mypy] says (strict on the core modules; the cache in
 # .mypy_cache makes a second run take seconds), then the commit subjects (at most 72 characters).
 lint: setup
-	$(PY) -m ruff check dppo_core tests scripts benchmarks notebooks/solutions examples
+	$(PY) -m ruff check dppo_core tests scripts benchmarks examples
 	$(PY) -m mypy
 	$(PY) scripts/check_commit_subjects.py
 

@@ -717,16 +717,41 @@ def test_committed_result_is_found_from_any_subdirectory_of_the_checkout(tmp_pat
     assert bench.committed_result("benchmarks/results/x.json") == '{"a": 1}'
 
 
-def test_committed_result_outside_a_checkout_downloads_or_names_the_file(tmp_path, monkeypatch):
-    remote = tmp_path / "remote"
-    (remote / "benchmarks").mkdir(parents=True)
-    (remote / "benchmarks" / "y.md").write_text("from the repository")
+def test_committed_result_outside_a_checkout_reads_the_packaged_snapshot_and_never_the_network(tmp_path, monkeypatch):
+    """Opened alone (Colab, a workshop laptop): the file comes from the snapshot dppo_core ships, a checkout's own
+    file wins over it, and a file in neither place is a one-line FileNotFoundError saying what to do."""
+    import socket
+    import urllib.request
+
+    from dppo_core.tools import course
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("committed_result tried the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    assert not hasattr(bench, "REPOSITORY_RAW_URL") and not hasattr(bench.report, "REPOSITORY_RAW_URL")
     here = tmp_path / "colab"
     here.mkdir()
-    monkeypatch.setattr(bench.report, "REPOSITORY_RAW_URL", remote.as_uri())  # file:// stands in for GitHub
-    assert bench.committed_result("benchmarks/y.md", start=here) == "from the repository"
-    with pytest.raises(FileNotFoundError, match="benchmarks/missing.json.*clone of the repository"):
+    # the real snapshot: the committed file, byte for byte
+    relative = "benchmarks/results/cpu-peers/bench.json"
+    repository = Path(__file__).resolve().parents[1]
+    assert bench.committed_result(relative, start=here) == (repository / relative).read_text()
+    # a snapshot of its own, and a checkout whose file comes first
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "benchmarks").mkdir(parents=True)
+    (snapshot / "benchmarks" / "y.md").write_text("from the package")
+    monkeypatch.setattr(course, "RESULTS", snapshot)
+    assert bench.committed_result("benchmarks/y.md", start=here) == "from the package"
+    (here / "benchmarks").mkdir()
+    (here / "benchmarks" / "y.md").write_text("from the checkout")
+    assert bench.committed_result("benchmarks/y.md", start=here) == "from the checkout"
+    with pytest.raises(FileNotFoundError) as err:
         bench.committed_result("benchmarks/missing.json", start=here)
+    message = str(err.value)
+    assert "\n" not in message and "benchmarks/missing.json" in message and str(snapshot) in message
+    assert "clone of the repository" in message and "python -m dppo_core.tools.course --sync-results" in message
 
 
 def test_the_strong_baselines_and_pods_are_what_their_names_say(tmp_path):

@@ -1,8 +1,9 @@
 """Every chapter keeps the course layout (notebooks/README.md, "How every chapter is laid out") and its Colab path.
 
-What Colab runs is checked here without Colab: the badge opens the chapter's own file, and the first code cell,
-run with a stand-in ``google.colab`` module, pip-installs this package (the name pyproject.toml declares) from the
-repository the badge points to, and installs nothing outside Colab.
+What Colab runs is checked here without Colab: the badge opens the chapter's own file, and the first code cell
+(the same install code in every chapter) pip-installs this package from ``DPPO_INSTALL`` (default: the name
+pyproject.toml declares, with the course extra) only where it is not installed, and stops with one line when pip
+fails.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import re
 import sys
 import tomllib
-import types
 from pathlib import Path
 
 import pytest
@@ -112,29 +112,71 @@ def test_stored_outputs_show_no_object_reprs(notebook):
     assert not found, f"{notebook.name}: {found}"
 
 
-@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
-def test_first_code_cell_installs_the_package_in_colab_only(notebook, monkeypatch):
-    cell = next(c for c in _cells(notebook) if c["cell_type"] == "code")
-    source = _source(cell)
-    assert source.startswith("# NBVAL_IGNORE_OUTPUT"), "versions differ between machines"
-    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
-    calls = []
+#: The one place a chapter installs the package from: an environment variable, with the package's name on an index
+#: (and the course extra) as the default.
+INSTALL_PLACE = 'DPPO_INSTALL = os.environ.get("DPPO_INSTALL", "dppo-core[course]")'
 
+
+def _install_code(notebook: Path) -> str:
+    """The first code cell's install code: its lines up to the first blank line."""
+    return _source(next(c for c in _cells(notebook) if c["cell_type"] == "code")).split("\n\n", 1)[0] + "\n"
+
+
+def test_every_chapter_installs_the_package_with_the_same_code():
+    """One install code for all chapters, configurable in one place (``DPPO_INSTALL``), with nothing in it that
+    needs GitHub: Colab, a workshop wheel or an index install all go through it."""
+    codes = {nb.name: _install_code(nb) for nb in CHAPTERS}
+    first = codes[CHAPTERS[0].name]
+    differ = sorted(name for name, code in codes.items() if code != first)
+    assert not differ, f"these chapters' first code cell must start with {CHAPTERS[0].name}'s install code: {differ}"
+    assert INSTALL_PLACE in first, f"the install code must read the place to install from as {INSTALL_PLACE}"
+    assert "check=True" not in first and "github.com" not in first and "google.colab" not in first, first
+    assert "capture_output=True" in first and "SystemExit" in first, first
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_first_code_cell_installs_the_package_only_where_it_is_missing(notebook, monkeypatch):
+    """Installed (``make setup``): the cell installs nothing. Missing (Colab): one ``pip install`` of
+    ``DPPO_INSTALL`` (default: the name pyproject.toml declares, with the course extra). pip failing: one line
+    that names DPPO_INSTALL, pip's error and what to do, not a CalledProcessError traceback."""
+    import importlib.util
     import subprocess
 
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)))
-    monkeypatch.setattr(os, "environ", dict(os.environ))             # the kernel pins stay in this test
-    code = compile(source, notebook.name, "exec")
+    source = _source(next(c for c in _cells(notebook) if c["cell_type"] == "code"))
+    assert source.startswith("# NBVAL_IGNORE_OUTPUT"), "versions differ between machines"
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    calls, answer = [], {"returncode": 0, "stderr": ""}
+
+    def pip(cmd, **kwargs):
+        calls.append((cmd, kwargs))
+        return subprocess.CompletedProcess(cmd, answer["returncode"], "", answer["stderr"])
+
+    monkeypatch.setattr(subprocess, "run", pip)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "DPPO_INSTALL"})
     with torch.random.fork_rng():                                      # the cell seeds torch's global RNG
-        exec(code, {})                                                 # outside Colab: installs nothing
-        assert calls == []
-        monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
-        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-        exec(code, {})                                                 # in Colab: one pip install
-    assert len(calls) == 1
+        exec(compile(source, notebook.name, "exec"), {})               # installed: installs nothing
+    assert calls == []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",                   # as if dppo_core were not installed
+                        lambda module, *a, **kw: None if module == "dppo_core" else real(module, *a, **kw))
+    install = compile(_install_code(notebook), notebook.name, "exec")
+    exec(install, {})
+    assert len(calls) == 1, calls
     cmd, kwargs = calls[0]
-    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and kwargs.get("check") is True
-    assert f"{name} @ git+https://github.com/{OWNER_REPO}" in cmd, cmd
+    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and cmd[-1] == f"{name}[course]", cmd
+    assert kwargs.get("capture_output") is True and not kwargs.get("check"), kwargs
+    wheel = "/content/dppo_core-0.1.0-py3-none-any.whl"
+    os.environ["DPPO_INSTALL"] = wheel                                 # %env DPPO_INSTALL=... in the notebook
+    exec(install, {})
+    assert calls[-1][0][-1] == wheel
+    answer.update(returncode=1, stderr=f"ERROR: Could not find a version that satisfies the requirement\n"
+                                       f"ERROR: No matching distribution found for {wheel}\n")
+    with pytest.raises(SystemExit) as stopped:
+        exec(install, {})
+    message = str(stopped.value)
+    assert "\n" not in message and f"DPPO_INSTALL={wheel!r}" in message, message
+    assert f"No matching distribution found for {wheel}" in message and "%env DPPO_INSTALL=" in message, message
+    assert "make dist" in message and "WORKSHOP.md" in message, message
 
 
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_core.tools.course import CPU_KERNEL_PINS, check, load_solutions, pin_cpu_kernels
+import dppo_core.tools.course as course_module
+from dppo_core.tools.course import CPU_KERNEL_PINS, RESULTS, chapter_results, check, load_solutions, pin_cpu_kernels
 
 
 @pytest.fixture(autouse=True)
@@ -105,21 +107,110 @@ def test_a_wrong_piece_name_or_file_is_a_clear_error():
         check("03_grpo.ipynb", 1)
 
 
-def test_outside_a_checkout_the_solutions_are_downloaded(tmp_path, monkeypatch, capsys):
-    """Opened alone (Colab) the file comes from the repository: here the download is replaced by the file's text."""
-    import dppo_core.tools.bench.report as report
+def _no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+    import socket
+    import urllib.request
+
+    def refused(*args, **kwargs):
+        raise AssertionError("tried the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refused)
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(socket.socket, "connect", refused)
+
+
+def test_outside_a_checkout_the_solutions_come_from_the_package(tmp_path, monkeypatch, capsys):
+    """Opened alone (Colab, a workshop laptop), offline: the file is the one the package ships."""
     import dppo_core.tools.course as course
 
-    text = (Path(__file__).resolve().parents[1] / "notebooks/solutions/ch03_grpo.py").read_text()
-    asked = []
-    monkeypatch.setattr(report, "committed_result", lambda relative: asked.append(relative) or text)
+    _no_network(monkeypatch)
     monkeypatch.setattr(course, "_LOADED", {})
     monkeypatch.delitem(sys.modules, "ch03_grpo", raising=False)        # restored after the test
     monkeypatch.chdir(tmp_path)
     assert not check("ch03_grpo", 2, my_advantages=lambda r, s: torch.zeros_like(r))
-    assert asked == ["notebooks/solutions/ch03_grpo.py"]
-    out = capsys.readouterr().out                  # the failed assert is quoted from the downloaded text
+    shipped = Path(course.__file__).resolve().parents[1] / "assets" / "course" / "solutions" / "ch03_grpo.py"
+    assert course.SOLUTIONS == shipped.parent and load_solutions("ch03_grpo").__file__ == str(shipped)
+    out = capsys.readouterr().out                  # the failed assert is quoted from the package's file
     assert "a check failed (line" in out and "assert torch.allclose(my_advantages(one_right" in out
+    with pytest.raises(FileNotFoundError, match=r"no solutions file ch99_nothing\.py \(it has ch00_tiny_model"):
+        load_solutions("ch99_nothing")
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SYNC = "python -m dppo_core.tools.course --sync-results"
+
+
+def test_the_chapters_committed_results_are_found_with_their_loops_expanded():
+    """Every ``committed_result("...")`` of the chapters' code cells, the seed loop of chapter 03 expanded: if a
+    chapter reads a file this list misses, the snapshot test below cannot see it."""
+    paths = chapter_results(REPOSITORY / "notebooks")
+    curves = [f"benchmarks/results/tiny-grpo/curves-kl-0.04/seed-{s}/{f}.jsonl" for s in (0, 1, 2)
+              for f in ("eval", "metrics")]
+    assert set(paths) >= {*curves, "benchmarks/results/packing/update_time.json",
+                          "benchmarks/results/cpu-baselines/bench.json", "benchmarks/results/cpu-peers/bench.json"}
+
+
+def test_chapter_results_reads_literals_loops_and_f_strings_and_refuses_the_rest(tmp_path):
+    def chapter(*cells):
+        cells = [{"cell_type": "code", "source": s, "metadata": {}, "outputs": []} for s in cells]
+        (tmp_path / "00_x.ipynb").write_text(json.dumps({"cells": cells}))
+
+    chapter('%matplotlib inline\nx = committed_result("a/b.json")',
+            'for k in ("p", "q"):\n    d = f"r/{k}"\n    y = read(committed_result(f"{d}/m.jsonl"))\n'
+            'for k, v in pairs.items():\n    print(k)',
+            'import dppo_core.tools.bench as bench\nz = bench.committed_result("c.md")')
+    assert chapter_results(tmp_path) == ["a/b.json", "c.md", "r/p/m.jsonl", "r/q/m.jsonl"]
+    chapter('name = pick()\ncommitted_result(f"r/{name}.json")')
+    with pytest.raises(ValueError, match=r"00_x\.ipynb, cell 0: cannot tell which file committed_result"):
+        chapter_results(tmp_path)
+
+
+def test_the_packaged_results_snapshot_is_the_repositorys_files():
+    """The committed results the chapters read ship in the package (dppo_core/assets/course/results/<path>), so
+    an installed package needs no network: each copy equals the repository's file byte for byte, and the
+    snapshot holds nothing else."""
+    paths = chapter_results(REPOSITORY / "notebooks")
+    fix = f"run `{SYNC}` and commit dppo_core/assets/course/results/"
+    missing = [p for p in paths if not (RESULTS / p).is_file()]
+    assert not missing, f"the chapters read these, which dppo_core does not ship: {missing}; {fix}"
+    stale = [p for p in paths if (RESULTS / p).read_bytes() != (REPOSITORY / p).read_bytes()]
+    assert not stale, f"the package's copies differ from the committed files: {stale}; {fix}"
+    extra = sorted(q.relative_to(RESULTS).as_posix() for q in RESULTS.rglob("*") if q.is_file())
+    extra = [q for q in extra if q not in paths]
+    assert not extra, f"the snapshot holds files no chapter reads: {extra}; {fix}"
+    assert RESULTS == Path(course_module.__file__).resolve().parents[1] / "assets" / "course" / "results"
+
+
+def test_no_chapter_downloads_from_the_repository():
+    found = [f"{nb.name}, cell {k}" for nb in sorted((REPOSITORY / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+             for k, c in enumerate(json.loads(nb.read_text())["cells"])
+             if c["cell_type"] == "code" and re.search(r"raw\.githubusercontent|github\.com|urlopen|requests\.get",
+                                                       "".join(c["source"]))]
+    assert not found, f"a chapter reads from the network once the package is installed: {found}"
+
+
+def test_sync_results_copies_what_the_chapters_read_and_drops_the_rest(tmp_path, monkeypatch, capsys):
+    import dppo_core.tools.course as course
+
+    checkout = tmp_path / "clone"
+    (checkout / "notebooks").mkdir(parents=True)
+    (checkout / "benchmarks" / "results" / "x").mkdir(parents=True)
+    (checkout / "benchmarks" / "results" / "x" / "a.json").write_text('{"a": 1}')
+    cell = {"cell_type": "code", "source": 'committed_result("benchmarks/results/x/a.json")', "metadata": {},
+            "outputs": []}
+    (checkout / "notebooks" / "07_x.ipynb").write_text(json.dumps({"cells": [cell]}))
+    snapshot = tmp_path / "results"
+    (snapshot / "benchmarks" / "old").mkdir(parents=True)
+    (snapshot / "benchmarks" / "old" / "gone.json").write_text("{}")
+    monkeypatch.setattr(course, "RESULTS", snapshot)
+    assert course.main(["--sync-results", "--root", str(checkout)]) == 0
+    assert "copied 1 committed results" in capsys.readouterr().out
+    assert sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")) == [
+        "benchmarks", "benchmarks/results", "benchmarks/results/x", "benchmarks/results/x/a.json"]
+    assert (snapshot / "benchmarks/results/x/a.json").read_text() == '{"a": 1}'
+    with pytest.raises(FileNotFoundError, match="not a checkout of the repository"):
+        course.sync_results(tmp_path / "nowhere")
 
 
 def test_the_kernel_pins_are_the_makefiles():

@@ -4,15 +4,22 @@ lines with a fix, a FAIL gives exit code 1, and nothing prints a traceback."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
 from dppo_core.tools import cli, doctor
 from dppo_core.tools.doctor import STATUSES, Check, exit_code, format_check, run_checks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fail_import(monkeypatch, *names: str) -> None:
@@ -31,7 +38,7 @@ def test_every_check_returns_a_valid_check(tmp_path):
     checks = run_checks(quick=True, cache_dir=tmp_path)
     names = [c.name for c in checks]
     assert names == ["python", "torch", "transformers", "peft", "accelerate", "vllm", "bitsandbytes",
-                     "notebooks", "memory", "disk", "warm-started model"]
+                     "notebooks", "memory", "disk", "warm-started model", "course install"]
     for c in checks:
         assert isinstance(c, Check) and c.status in STATUSES, c
         assert c.detail
@@ -65,6 +72,7 @@ def test_cli_quick_exits_0_with_ok_lines():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "[OK]   python:" in proc.stdout and "[OK]   torch:" in proc.stdout
+    assert "[OK]   course install:" in proc.stdout  # cheap: it runs with --quick too
     assert "[FAIL]" not in proc.stdout
     assert "tiny model:" not in proc.stdout  # --quick skips the build
     assert "Traceback" not in out
@@ -152,3 +160,129 @@ def test_warm_model_in_the_makefile_cache_only(monkeypatch, tmp_path):
     assert c.status == "WARN" and "Makefile" in c.detail and "export DPPO_CACHE_DIR=" in c.fix
     monkeypatch.setenv("DPPO_CACHE_DIR", str(tmp_path / ".cache" / "dppo"))
     assert doctor.check_warm_start().status == "OK"
+
+
+# --------------------------------------------------------------------------- the course install's line
+
+
+def _course_extra() -> dict[str, str]:
+    """pyproject's `course` extra as {name: range, lower bounds first}, what the installed metadata must say."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["course"]
+    return {canonicalize_name(r.name): doctor._spec_text(r.specifier) for r in map(Requirement, extra)}
+
+
+def _no_module(monkeypatch, *modules: str) -> None:
+    """Make importlib.util.find_spec say ``modules`` are not installed."""
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        return None if name in modules else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def _metadata(monkeypatch, *lines: str) -> None:
+    """dppo-core's installed Requires-Dist lines, replaced by ``lines`` (torch's range first)."""
+    real = importlib.metadata.requires
+    monkeypatch.setattr(importlib.metadata, "requires",
+                        lambda dist: list(lines) if dist == "dppo-core" else real(dist))
+
+
+def _stub_assets(root: Path, leave_out: tuple[str, ...] = ()) -> Path:
+    for item in doctor.COURSE_ASSETS:
+        if item not in leave_out:
+            (root / item).parent.mkdir(parents=True, exist_ok=True)
+            (root / item).write_text("stand-in\n")
+    return root
+
+
+def test_course_install_is_complete_here():
+    c = doctor.check_course_install()
+    assert c.status == "OK", format_check(c)
+    for name in _course_extra():
+        assert f"{name} " in c.detail, c.detail
+    assert f"{len(doctor.COURSE_SOLUTIONS)} solutions files" in c.detail and "committed results shipped" in c.detail
+    assert "warm start shipped" in c.detail and "torch 2.13" in c.detail
+
+
+def test_course_extra_is_read_from_the_installed_metadata():
+    # A difference here means the environment's metadata is older than pyproject: .venv/bin/pip install -e ".[dev]"
+    assert doctor.course_requirements() == (_course_extra(), "")
+    # `notebooks` is pyproject's older name for `course`: it refers to it, and the reference is followed
+    assert doctor.course_requirements("notebooks") == (_course_extra(), "")
+
+
+def test_course_install_fails_when_a_course_module_is_missing(monkeypatch):
+    _no_module(monkeypatch, "ipywidgets")
+    c = doctor.check_course_install()
+    spec = _course_extra()["ipywidgets"]
+    assert c.status == "FAIL", c
+    assert f"not importable: ipywidgets{spec}" in c.detail and "jupyterlab " in c.detail
+    assert f'pip install "ipywidgets{spec}"' in c.fix and '".[course]"' in c.fix
+    assert "jupyterlab" not in c.fix
+    assert format_check(c).startswith("[FAIL] course install: ") and "\n       fix: pip install" in format_check(c)
+
+
+def test_course_modules_follow_the_metadata_not_a_fixed_list(monkeypatch):
+    """A requirement added to the extra is checked (under its import name), one not in it is not."""
+    _metadata(monkeypatch, "torch>=2.13,<2.14", "numpy>=2,<3", 'PyYAML>=6; extra == "course"',
+              'no-such-dist-xyz>=1.2; extra == "course"', 'dppo-core[more]; extra == "course"',
+              'tqdm>=4; extra == "more"', 'pytest>=9; extra == "dev"')
+    assert doctor.course_requirements()[0] == {"pyyaml": ">=6", "no-such-dist-xyz": ">=1.2", "tqdm": ">=4"}
+    assert doctor.import_name("pyyaml") == "yaml" and doctor.import_name("no-such-dist-xyz") == "no_such_dist_xyz"
+    c = doctor.check_course_install()
+    assert c.status == "FAIL" and "not importable: no-such-dist-xyz>=1.2" in c.detail, c
+    assert "pyyaml " in c.detail and "tqdm " in c.detail
+    assert "jupyterlab" not in c.detail and "pytest" not in c.detail
+    assert 'pip install "no-such-dist-xyz>=1.2"' in c.fix
+
+
+def test_course_install_warns_without_a_course_extra_in_the_metadata(monkeypatch):
+    """Metadata from before the extra existed: the built-in list is checked, and the line says to reinstall."""
+    _metadata(monkeypatch, "torch>=2.13,<2.14")
+    c = doctor.check_course_install()
+    assert c.status == "WARN" and "no `course` extra" in c.detail and "jupyterlab " in c.detail, c
+    assert "[course]" in c.fix
+
+
+@pytest.mark.parametrize("leave_out", [doctor.COURSE_ASSETS[3], doctor.COURSE_ASSETS[-1]])
+def test_course_install_fails_when_an_asset_is_missing(monkeypatch, tmp_path, leave_out):
+    monkeypatch.setattr(doctor, "COURSE_ASSETS_DIR", _stub_assets(tmp_path))
+    assert doctor.missing_course_assets() == [] and doctor.check_course_install().status == "OK"
+    (tmp_path / leave_out).unlink()
+    c = doctor.check_course_install()
+    assert c.status == "FAIL", c
+    assert f"package data missing from {tmp_path} ({leave_out})" in c.detail
+    assert "make dist" in c.fix and "--force-reinstall" in c.fix
+    assert doctor.exit_code([c]) == 1
+
+
+def test_course_install_warns_when_torch_is_outside_the_range(monkeypatch):
+    extra = [f'{name}{spec}; extra == "course"' for name, spec in _course_extra().items()]
+    _metadata(monkeypatch, "torch>=2.99,<3", *extra)
+    c = doctor.check_course_install()
+    assert c.status == "WARN" and "outside dppo-core's range >=2.99,<3" in c.detail, c
+    assert 'pip install "torch>=2.99,<3"' in c.fix
+
+
+def test_course_install_warns_without_the_shipped_warm_start(monkeypatch, tmp_path):
+    monkeypatch.setattr("dppo_core.models.shipped_warm_start_name", lambda: None)
+    c = doctor.check_course_install(tmp_path)
+    assert c.status == "WARN" and "no shipped warm start" in c.detail, c
+    assert "dppo build" in c.fix
+
+
+def test_course_asset_list_matches_what_the_chapters_read():
+    """The one list the check reads: every chapter's solutions file and every committed result it reads."""
+    from dppo_core.tools import course
+
+    checked = set()
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
+        checked |= set(re.findall(r'check\(\\"(ch\w+?)\\"', nb.read_text()))
+    assert sorted(doctor.COURSE_SOLUTIONS) == sorted(checked)
+    assert sorted(doctor.COURSE_RESULTS) == course.chapter_results(ROOT / "notebooks")
+    assert course.SOLUTIONS == doctor.COURSE_ASSETS_DIR / "solutions"
+    assert course.RESULTS == doctor.COURSE_ASSETS_DIR / "results"

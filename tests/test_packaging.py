@@ -104,9 +104,8 @@ def _package_imports() -> dict[str, list[tuple[str, str]]]:
     import of ``dppo_core.x.y`` where that is a module, else of ``dppo_core.x`` (name ``y``)."""
     import ast
 
-    pkg = ROOT / "dppo_core"
     modules = {}
-    for path in sorted(pkg.rglob("*.py")):
+    for path in _package_sources():
         parts = path.relative_to(ROOT).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, list[tuple[str, str]]] = {}
@@ -189,9 +188,16 @@ def test_the_import_graph_has_no_cycle_no_upward_arrow_and_no_private_import():
     assert not private, private
 
 
+def _package_sources() -> list[Path]:
+    """The package's modules: its .py files less those under dppo_core/assets (files the package ships, such as
+    the course's exercise solutions, which are run as scripts and never imported as dppo_core modules)."""
+    pkg = ROOT / "dppo_core"
+    return [p for p in sorted(pkg.rglob("*.py")) if p.relative_to(pkg).parts[0] != "assets"]
+
+
 def _library_files() -> list[Path]:
     pkg = ROOT / "dppo_core"
-    return [p for p in sorted(pkg.rglob("*.py")) if "tools" not in p.relative_to(pkg).parts]
+    return [p for p in _package_sources() if "tools" not in p.relative_to(pkg).parts]
 
 
 def test_library_modules_and_functions_stay_small():

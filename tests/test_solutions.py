@@ -1,4 +1,4 @@
-"""The chapters' exercise solutions (notebooks/solutions/chNN_*.py) run and pass their own checks.
+"""The chapters' exercise solutions (dppo_core/assets/course/solutions/chNN_*.py) run and pass their own checks.
 
 Each solution file is plain Python: one function per exercise, with asserts that compare the answer to the
 package (or to an exact computation), and a ``main()`` that runs them all. Here each file is one test; models
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("ch[0-9][0-9]*_*.py"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SOLUTIONS_DIR = "dppo_core/assets/course/solutions"       # in the package: check() reads them there, offline
+SOLUTIONS = sorted((ROOT / SOLUTIONS_DIR).glob("ch[0-9][0-9]*_*.py"))
 CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
 
 
@@ -55,10 +57,11 @@ def test_every_chapter_has_exercises_with_solutions_and_checks(notebook):
     """
     chapter = notebook.name.split("_")[0]
     solution = [s for s in SOLUTIONS if s.name.startswith(f"ch{chapter}_")]
-    assert len(solution) == 1, f"expected one notebooks/solutions/ch{chapter}_*.py, found {solution}"
+    assert len(solution) == 1, f"expected one {SOLUTIONS_DIR}/ch{chapter}_*.py, found {solution}"
     stem = solution[0].stem
     intro, exercises = _exercises(notebook)
-    assert f"solutions/{solution[0].name}" in intro, f"{notebook.name} does not point to its solutions"
+    link = f"[`{SOLUTIONS_DIR}/{solution[0].name}`](../{SOLUTIONS_DIR}/{solution[0].name})"
+    assert link in intro, f"{notebook.name} does not point to its solutions: {link}"
     assert 2 <= len(exercises) <= 4, f"{notebook.name}: {len(exercises)} exercises"
     assert [n for n, _, _ in exercises] == list(range(1, len(exercises) + 1)), notebook.name
     module = runpy.run_path(str(solution[0]), run_name=stem)

@@ -2,10 +2,11 @@
 
 Exercises, in place: ``check("ch03_grpo", 1, my_k3=my_k3)``.
 
-Each chapter's solutions live in ``notebooks/solutions/chNN_*.py``: one function per exercise, whose parameters
-are the pieces a student writes (``def exercise_1(my_k3=my_k3)``) and whose asserts prove them right. A notebook's
-exercise cell defines its own version of those pieces and calls :func:`check`, which runs the *same* function
-with the student's pieces in place of the solution's, so the feedback is exactly the solution's assertions:
+Each chapter's solutions live in the package, ``dppo_core/assets/course/solutions/chNN_*.py`` (:data:`SOLUTIONS`):
+one function per exercise, whose parameters are the pieces a student writes (``def exercise_1(my_k3=my_k3)``) and
+whose asserts prove them right. A notebook's exercise cell defines its own version of those pieces and calls
+:func:`check`, which runs the *same* function with the student's pieces in place of the solution's, so the
+feedback is exactly the solution's assertions:
 
 - ``✓`` when they all hold;
 - ``…`` "not done yet" while a piece still raises ``NotImplementedError`` (the stub as the chapter ships it);
@@ -13,22 +14,37 @@ with the student's pieces in place of the solution's, so the feedback is exactly
 
 :func:`check` never raises on a wrong answer (a notebook run top to bottom goes on); it returns whether the
 exercise passed (a :class:`Verdict`, which a notebook does not echo). The solutions file is read from the
-checkout the notebook runs in, or, opened alone (Colab), downloaded from the repository
-(:func:`dppo_core.tools.bench.report.committed_result`).
+installed package, never from the network, so a chapter opened alone (Colab, a workshop laptop) checks exercises
+offline.
+
+The committed results the chapters read (:func:`dppo_core.tools.bench.report.committed_result`) ship inside the
+package too, as a snapshot of the repository's files (:data:`RESULTS`): :func:`chapter_results` lists what the
+chapters read, and ``python -m dppo_core.tools.course --sync-results`` (from a checkout) copies them again
+after a committed result changes (tests/test_course.py checks the copies are current).
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
+import json
 import linecache
 import re
+import shutil
 import sys
 import sysconfig
 import traceback
 import types
 from pathlib import Path
 
-__all__ = ["CPU_KERNEL_PINS", "Verdict", "check", "load_solutions", "pin_cpu_kernels"]
+__all__ = ["CPU_KERNEL_PINS", "RESULTS", "SOLUTIONS", "Verdict", "chapter_results", "check", "load_solutions",
+           "pin_cpu_kernels", "sync_results"]
+
+#: The chapters' exercise solutions, one file per chapter (``ch03_grpo.py``), shipped in the package.
+SOLUTIONS = Path(__file__).resolve().parents[1] / "assets" / "course" / "solutions"
+#: The snapshot of the committed results the chapters read, under their paths in the repository
+#: (``RESULTS / "benchmarks/results/cpu-peers/bench.json"``), shipped in the package.
+RESULTS = Path(__file__).resolve().parents[1] / "assets" / "course" / "results"
 
 # The Makefile's pins (tests/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
 # AVX2, so that a chapter runs with the kernels `make test` runs it with. Pins narrow the differences between CPUs
@@ -68,25 +84,21 @@ _STEM = re.compile(r"^ch\d\d[a-z]?_[a-z0-9_]+$")
 
 
 def _solutions_path(stem: str) -> str:
-    return f"notebooks/solutions/{stem}.py"
+    return f"dppo_core/assets/course/solutions/{stem}.py"
 
 
 def load_solutions(stem: str) -> types.ModuleType:
-    """The module ``notebooks/solutions/<stem>.py`` (e.g. ``"ch03_grpo"``), loaded once per process."""
+    """The module ``dppo_core/assets/course/solutions/<stem>.py`` (e.g. ``"ch03_grpo"``), loaded once per process."""
     if not isinstance(stem, str) or not _STEM.match(stem):
         raise ValueError(f"check(): the first argument names a solutions file, like 'ch03_grpo' "
-                         f"(notebooks/solutions/ch03_grpo.py); got {stem!r}")
+                         f"({_solutions_path('ch03_grpo')}); got {stem!r}")
     if stem not in _LOADED:
-        relative = _solutions_path(stem)
-        here = next((base / relative for base in (Path.cwd().resolve(), *Path.cwd().resolve().parents)
-                     if (base / relative).is_file()), None)
-        if here is not None:
-            filename, source = str(here), here.read_text()
-        else:
-            from dppo_core.tools.bench.report import REPOSITORY_RAW_URL, committed_result
-
-            filename, source = f"{REPOSITORY_RAW_URL}/{relative}", committed_result(relative)
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        path = SOLUTIONS / f"{stem}.py"
+        if not path.is_file():
+            have = sorted(p.stem for p in SOLUTIONS.glob("ch*.py"))
+            raise FileNotFoundError(f"check(): dppo_core has no solutions file {stem}.py (it has {', '.join(have)}); "
+                                    "is the installed dppo_core older than this chapter? Reinstall it")
+        filename, source = str(path), path.read_text(encoding="utf-8")
         module = types.ModuleType(stem)
         module.__file__ = filename
         sys.modules[stem] = module                # dataclasses and pickling look a module up by name
@@ -134,14 +146,15 @@ class Verdict:
 
 
 def check(stem: str, exercise: int, **pieces) -> Verdict:
-    """Run exercise ``exercise`` of ``notebooks/solutions/<stem>.py`` with ``pieces`` in place of the solution's.
+    """Run exercise ``exercise`` of ``dppo_core/assets/course/solutions/<stem>.py`` with ``pieces`` in place of the
+    solution's.
 
     ``pieces`` are the exercise function's parameters (the names the chapter's stub cell defines). Every parameter
     whose default is code (a function or a class) must be passed: left out, the solution's own would stand in for
     it and pass. A missing one, or a name the exercise does not take, is a mistake in the call and raises
     ``TypeError`` naming them. Prints one verdict line (after whatever the exercise prints) and returns a
-    :class:`Verdict`, true when every assert held. A wrong answer never raises; a solutions file that cannot be
-    found (outside a checkout and offline) does.
+    :class:`Verdict`, true when every assert held. A wrong answer never raises; a solutions file the installed
+    package does not have does.
     """
     module = load_solutions(stem)
     name = f"exercise_{exercise}"
@@ -207,3 +220,132 @@ def _user_frame(frames: traceback.StackSummary, solutions: str):
            and not any(str(Path(f.filename).resolve()).startswith(lib) for lib in libraries)]
     in_solutions = [f for f in frames if f.filename == solutions]
     return (own or in_solutions or list(frames) or [None])[-1]
+
+
+def chapter_results(notebooks: str | Path) -> list[str]:
+    """The committed files the chapters in ``notebooks`` read with ``committed_result("...")``, sorted.
+
+    Read from the chapters' code cells without running them: a path is a string literal, or an f-string of names
+    bound in the same cell by a literal loop (``for seed in (0, 1, 2):``) or an assignment of a string
+    (``base = f"...{seed}"``), expanded for every value. A path built any other way raises ``ValueError``
+    naming the chapter and the cell: write it in one of those forms, so the snapshot can be checked.
+    """
+    found: set[str] = set()
+    for notebook in sorted(Path(notebooks).glob("[0-9][0-9]*_*.ipynb")):
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        for k, cell in enumerate(cells):
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "committed_result" not in source:
+                continue
+            # IPython lines (magics, shell escapes) are not Python: blank them, keeping the line numbers
+            lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+            try:
+                found.update(_read_paths(ast.parse("\n".join(lines)).body, {}))
+            except (ValueError, SyntaxError) as err:
+                raise ValueError(f"{notebook.name}, cell {k}: {err}") from err
+    return sorted(found)
+
+
+def _read_paths(statements: list[ast.stmt], names: dict[str, object]):
+    """The paths passed to ``committed_result`` in ``statements``, with ``names`` the values bound so far."""
+    for node in statements:
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            try:
+                values = list(ast.literal_eval(node.iter))
+            except ValueError:                       # not a literal loop: its body once, its name unbound
+                values = [_UNBOUND]
+            for value in values:
+                bound = dict(names) if value is _UNBOUND else {**names, node.target.id: value}
+                yield from _read_paths(node.body, bound)
+            continue
+        if isinstance(node, (ast.If, ast.While, ast.With, ast.Try, ast.FunctionDef)):
+            for part in ("body", "orelse", "finalbody"):
+                yield from _read_paths(getattr(node, part, []), names)
+            for handler in getattr(node, "handlers", []):
+                yield from _read_paths(handler.body, names)
+            continue
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, (ast.Constant, ast.JoinedStr))):
+            try:
+                names[node.targets[0].id] = _string(node.value, names)
+            except ValueError:
+                names.pop(node.targets[0].id, None)
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and _called(call.func) == "committed_result":
+                if not call.args:
+                    raise ValueError("committed_result() without a path")
+                yield _string(call.args[0], names)
+
+
+_UNBOUND = object()
+
+
+def _called(func: ast.expr) -> str | None:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _string(node: ast.expr, names: dict[str, object]) -> str:
+    """The value of a string literal or of an f-string whose fields are names in ``names``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                parts.append(str(part.value))
+            elif (isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)
+                  and part.value.id in names and part.format_spec is None and part.conversion == -1):
+                parts.append(str(names[part.value.id]))
+            else:
+                break
+        else:
+            return "".join(parts)
+    raise ValueError(f"cannot tell which file committed_result({ast.unparse(node)}) reads: give it a string, or "
+                     "an f-string of names bound in the cell by a literal loop or a string assignment")
+
+
+def sync_results(root: str | Path | None = None) -> list[str]:
+    """Copy the committed results the chapters read from the checkout ``root`` (default: the one this package is
+    in) into the package's snapshot (:data:`RESULTS`), and remove snapshot files no chapter reads any more.
+    Returns the paths copied. ``python -m dppo_core.tools.course --sync-results`` runs it."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    if not (root / "notebooks").is_dir() or not (root / "benchmarks").is_dir():
+        raise FileNotFoundError(f"{root} is not a checkout of the repository (no notebooks/ and benchmarks/): "
+                                "run this from a clone, with dppo_core installed from it (`make setup`)")
+    paths = chapter_results(root / "notebooks")
+    missing = [p for p in paths if not (root / p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the chapters read {', '.join(missing)}, not in {root}: commit them first")
+    for path in paths:
+        (RESULTS / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / path, RESULTS / path)
+    for stale in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
+        if stale.relative_to(RESULTS).as_posix() not in paths:
+            stale.unlink()
+    for folder in sorted((p for p in RESULTS.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dppo_core.tools.course", description=(
+        "The course's files that ship in the package. --sync-results copies the committed results the chapters "
+        "read into dppo_core/assets/course/results/ (run it from a clone after a committed result changes)."))
+    parser.add_argument("--sync-results", action="store_true", help="copy the chapters' committed results")
+    parser.add_argument("--root", type=Path, default=None, help="the checkout (default: the one dppo_core is in)")
+    args = parser.parse_args(argv)
+    if not args.sync_results:
+        parser.print_help()
+        return 2
+    paths = sync_results(args.root)
+    print(f"copied {len(paths)} committed results the chapters read into {RESULTS}:")
+    for path in paths:
+        print(f"  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,7 +86,6 @@ from dppo_core.tools.bench.presets import (
 from dppo_core.tools.bench.report import (
     NOTES,
     README_MARKERS,
-    REPOSITORY_RAW_URL,
     committed_result,
     describe_machine,
     format_levels,
@@ -115,7 +114,7 @@ from dppo_core.tools.bench.summary import (
 __all__ = [
     "BENCH_PRESETS", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING", "DEFAULT_METHODS", "DERIVED_METHODS", "DPPO_PRUNING",
     "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS",
-    "REPOSITORY_RAW_URL", "TARGET_FRACTION", "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "BenchError",
+    "TARGET_FRACTION", "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "BenchError",
     "BenchPreset", "TRLPeer", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
     "build_configs", "check_methods", "committed_result", "compare", "describe_machine",
     "describe_presets", "format_levels", "format_markdown", "format_table", "interleaved", "method_config",

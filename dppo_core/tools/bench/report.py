@@ -1,7 +1,7 @@
 """The bench's report: ``bench.json`` from the runs, the table, the README table, the plots.
 
 Also :func:`describe_machine` (recorded with every run) and :func:`committed_result` (a committed
-result file, from the checkout or from GitHub).
+result file, from the checkout or from the snapshot the package ships).
 """
 
 from __future__ import annotations
@@ -420,28 +420,24 @@ def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
 
 
 
-#: Where :func:`committed_result` fetches a file when the repository is not checked out (Colab).
-REPOSITORY_RAW_URL = "https://raw.githubusercontent.com/dppo-from-scratch/dppo-from-scratch/main"
-
-
 def committed_result(relative_path: str, start: str | Path | None = None) -> str:
-    """Text of a file committed to the repository, e.g. ``"benchmarks/results/cpu-full/bench.json"``.
+    """Text of a result file committed to the repository, e.g. ``"benchmarks/results/cpu-peers/bench.json"``.
 
-    Looks in ``start`` (default: the working directory) and its parents, so a notebook finds the
-    repository's committed results wherever it runs inside a checkout; outside one (Colab: the notebook
-    is opened alone) it downloads the file from the repository on GitHub.
+    Looks in ``start`` (default: the working directory) and its parents, so a notebook finds the repository's
+    committed results wherever it runs inside a checkout; then in the snapshot of the files the chapters read that
+    ships in the package (``dppo_core/assets/course/results/<relative_path>``, :data:`dppo_core.tools.course.RESULTS`),
+    so a chapter opened alone (Colab, a workshop laptop) reads them offline. Never downloads anything.
     """
     start = Path(start or Path.cwd()).resolve()
     for base in (start, *start.parents):
         if (base / relative_path).is_file():
-            return (base / relative_path).read_text()
-    import urllib.request
+            return (base / relative_path).read_text(encoding="utf-8")
+    from dppo_core.tools.course import RESULTS
 
-    url = f"{REPOSITORY_RAW_URL}/{relative_path}"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.read().decode()
-    except OSError as err:
-        raise FileNotFoundError(
-            f"{relative_path} is not under {start} or its parents, and {url} could not be read ({err}); "
-            "run from inside a clone of the repository") from err
+    snapshot = RESULTS / relative_path
+    if snapshot.is_file():
+        return snapshot.read_text(encoding="utf-8")
+    raise FileNotFoundError(
+        f"{relative_path} is neither under {start} or its parents nor in dppo_core's snapshot ({RESULTS}): run "
+        "from inside a clone of the repository, or, in a clone that has it, copy it into the snapshot with "
+        "`python -m dppo_core.tools.course --sync-results`")

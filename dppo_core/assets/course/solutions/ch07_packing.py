@@ -1,7 +1,7 @@
 """Chapter 07 exercises, solved and checked: a next-fit packer (window 1), next fit decreasing, micro-batch
 density, and the block-diagonal mask read off the position ids.
 
-Run: python notebooks/solutions/ch07_packing.py   (seconds, no model: synthetic sequences as long as the
+Run: python dppo_core/assets/course/solutions/ch07_packing.py   (seconds, no model: synthetic sequences as long as the
 chapter's pruned batch; tests/test_solutions.py runs it too)
 """
 

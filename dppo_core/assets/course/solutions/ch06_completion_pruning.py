@@ -1,7 +1,7 @@
 """Chapter 06 exercises, solved and checked: fixed-size draws, the floor, uniform pruning against
 pruning by |A|, and the keep probabilities that minimise the variance under a token budget.
 
-Run: python notebooks/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
+Run: python dppo_core/assets/course/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
 and each completion's gradient is stood in for by a number s; tests/test_solutions.py runs it too)
 """
 

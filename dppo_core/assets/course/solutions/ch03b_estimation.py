@@ -7,7 +7,8 @@ Each check compares the piece with autograd, with ``dppo_core.grpo.policy_loss``
 with an exact sum over every outcome (every group of answers, every keep pattern: few enough to list): no
 sampling decides a check.
 
-Run: python notebooks/solutions/ch03b_estimation.py   (seconds, no model; tests/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch03b_estimation.py   (seconds, no model; tests/test_solutions.py
+runs it too)
 """
 
 from __future__ import annotations

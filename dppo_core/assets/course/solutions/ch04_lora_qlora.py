@@ -1,7 +1,7 @@
 """Chapter 04 exercises, solved and checked: LoRA's gradients at initialisation, the memory of Qwen3-32B,
 merging an adapter into the weights.
 
-Run: python notebooks/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes built
+Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes built
 on the meta device, which allocates no memory; tests/test_solutions.py runs it too)
 """
 

@@ -1,7 +1,7 @@
 """Chapter 02 exercises, solved and checked: a KV cache, truncated importance weights, the temperature
 of a log-prob.
 
-Run: python notebooks/solutions/ch02_rollouts.py   (seconds, on the small model; tests/test_solutions.py
+Run: python dppo_core/assets/course/solutions/ch02_rollouts.py   (seconds, on the small model; tests/test_solutions.py
 runs it too)
 """
 

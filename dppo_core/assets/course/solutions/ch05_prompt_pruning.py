@@ -1,7 +1,7 @@
 """Chapter 05 exercises, solved and checked: predict the expected kept count, a maximum age for the
 history, what GRESO needs to become unbiased, and a prior for the posterior fitted to the pool.
 
-Run: python notebooks/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
+Run: python dppo_core/assets/course/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
 from synthetic rewards; tests/test_solutions.py runs it too)
 """
 

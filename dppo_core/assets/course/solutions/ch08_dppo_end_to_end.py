@@ -1,7 +1,7 @@
 """Chapter 08 exercises, solved and checked: the time to target interpolated between evaluations, Amdahl's law
 for completion pruning, and why the measured speedup can beat the token-cost bound.
 
-Run: python notebooks/solutions/ch08_dppo_end_to_end.py
+Run: python dppo_core/assets/course/solutions/ch08_dppo_end_to_end.py
 (under a second, no model; tests/test_solutions.py runs it too)
 """
 
