@@ -1,9 +1,8 @@
 """Every chapter keeps the course layout (notebooks/README.md, "How every chapter is laid out") and its Colab path.
 
 What Colab runs is checked here without Colab: the badge opens the chapter's own file, and the first code cell
-(the same install code in every chapter) pip-installs this package from ``DPPO_INSTALL`` (default: the name
-pyproject.toml declares, with the course extra) only where it is not installed, and stops with one line when pip
-fails.
+(the same install code in every chapter) pip-installs this package from ``DPPO_INSTALL`` (no default) only where it
+is not installed, and stops with one line when it is unset or pip fails.
 """
 
 from __future__ import annotations
@@ -112,9 +111,9 @@ def test_stored_outputs_show_no_object_reprs(notebook):
     assert not found, f"{notebook.name}: {found}"
 
 
-#: The one place a chapter installs the package from: an environment variable, with the package's name on an index
-#: (and the course extra) as the default.
-INSTALL_PLACE = 'DPPO_INSTALL = os.environ.get("DPPO_INSTALL", "dppo-core[course]")'
+#: The one place a chapter installs the package from: an environment variable, with no default (the package is not
+#: on PyPI: a default name there would install whatever someone else publishes under it).
+INSTALL_PLACE = 'DPPO_INSTALL = os.environ.get("DPPO_INSTALL", "")'
 
 
 def _install_code(notebook: Path) -> str:
@@ -136,9 +135,9 @@ def test_every_chapter_installs_the_package_with_the_same_code():
 
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
 def test_first_code_cell_installs_the_package_only_where_it_is_missing(notebook, monkeypatch):
-    """Installed (``make setup``): the cell installs nothing. Missing (Colab): one ``pip install`` of
-    ``DPPO_INSTALL`` (default: the name pyproject.toml declares, with the course extra). pip failing: one line
-    that names DPPO_INSTALL, pip's error and what to do, not a CalledProcessError traceback."""
+    """Installed (``make setup``): the cell installs nothing. Missing (Colab) with ``DPPO_INSTALL`` unset: one line
+    that says to set it, and no pip call (no name from an index). Set: one ``pip install`` of it. pip failing: one
+    line that names DPPO_INSTALL, pip's error and what to do, not a CalledProcessError traceback."""
     import importlib.util
     import subprocess
 
@@ -160,15 +159,17 @@ def test_first_code_cell_installs_the_package_only_where_it_is_missing(notebook,
     monkeypatch.setattr(importlib.util, "find_spec",                   # as if dppo_core were not installed
                         lambda module, *a, **kw: None if module == "dppo_core" else real(module, *a, **kw))
     install = compile(_install_code(notebook), notebook.name, "exec")
-    exec(install, {})
-    assert len(calls) == 1, calls
-    cmd, kwargs = calls[0]
-    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and cmd[-1] == f"{name}[course]", cmd
-    assert kwargs.get("capture_output") is True and not kwargs.get("check"), kwargs
+    with pytest.raises(SystemExit) as unset:
+        exec(install, {})
+    assert calls == [] and "\n" not in str(unset.value) and "%env DPPO_INSTALL=" in str(unset.value), unset.value
+    assert name.replace("-", "_") in str(unset.value) and "WORKSHOP.md" in str(unset.value), unset.value
     wheel = "/content/dppo_core-0.1.0-py3-none-any.whl"
     os.environ["DPPO_INSTALL"] = wheel                                 # %env DPPO_INSTALL=... in the notebook
     exec(install, {})
-    assert calls[-1][0][-1] == wheel
+    assert len(calls) == 1, calls
+    cmd, kwargs = calls[0]
+    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and cmd[-1] == wheel, cmd
+    assert kwargs.get("capture_output") is True and not kwargs.get("check"), kwargs
     answer.update(returncode=1, stderr=f"ERROR: Could not find a version that satisfies the requirement\n"
                                        f"ERROR: No matching distribution found for {wheel}\n")
     with pytest.raises(SystemExit) as stopped:

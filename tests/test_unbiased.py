@@ -11,9 +11,10 @@ gradient); and, sharper, for every completion with a non-zero gradient, the z-sc
 mean - 1, and of the sum of those excesses. The real estimator must pass; the biased baselines and the
 mutants of tests/mutants.py (weights of randomly kept completions only 5% too large, a floor ignored, π one
 step stale, the normaliser a kept count) must fail. The power is stated, not assumed: each test prints, from
-its own draws, the smallest common excess δ on the weights of the randomly kept completions that the summed
-statistic sees at least half the time at its 1,000 draws (0-10% across these settings; it must be at most
-``DETECTABLE``); the exact enumeration sees any bias of its small steps, mutants of 3% included.
+its own draws, the smallest common excess δ on the weights of every randomly included completion (by the prompt
+or the completion draw) that the summed statistic sees at least half the time at its 1,000 draws (0.4-10% across
+these settings, any δ > 0 where the draws keep the sum fixed; it must be at most ``DETECTABLE``); the exact
+enumeration sees any bias of its small steps, mutants of 3% included.
 "Two epochs" here means a gradient taken at parameters
 moved away from the sampling policy, fixed before the draw (ratio ≠ 1, clipping active); a real second
 epoch's parameters depend on the first epoch's draw, which no such test covers (docs/estimator.md).
@@ -221,9 +222,10 @@ def _item_z(coefs: np.ndarray, grads: torch.Tensor) -> tuple[float, float]:
 
 def detectable_excess(coefs: np.ndarray, grads: torch.Tensor) -> float:
     """The power of the summed statistic on these draws: the excess δ that, added to the weight of every
-    randomly kept completion (weights × (1 + δ) wherever a completion's coefficient varies between draws, as
-    tests/mutants.py's ScaledRandomWeights does with δ = 0.05), puts its expected z-score at the bound, so it
-    is rejected about half the time; a larger δ, more often. From the draws' own spread: δ = bound × SE / n."""
+    randomly included completion (weights × (1 + δ) wherever a completion's coefficient varies between draws, by
+    the prompt or the completion draw; tests/mutants.py's ScaledRandomWeights scales only the latter, so it needs
+    a larger δ), puts its expected z-score at the bound, so it is rejected about half the time; more, more often.
+    From the draws' own spread: δ = bound × SE / n."""
     live = grads.abs().amax(1).numpy() > 0
     c = coefs[:, live]
     random = c.std(0) > 0

@@ -231,7 +231,7 @@ def check_torch() -> Check:
             fix = "an NVIDIA GPU seems present: rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
     ok, spec = _in_range("torch", str(version).split("+")[0])
     if ok is False:
-        parts.append(f"outside the tested range {spec} (vLLM is built against it)")
+        parts.append(f"outside the tested range {spec}")
         status, fix = "WARN", fix or RESETUP
     return Check("torch", status, ", ".join(parts), fix)
 
