@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig, PreTrainedModel
 
 CHECKPOINT_PREFIX = "checkpoint-"
-LOG_FILES = ("metrics.jsonl", "eval.jsonl")
+LOG_FILES = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
 #: What makes a directory hold a run (besides ``checkpoint-N/``): a fresh run there would replace them.
 RUN_FILES = ("config.json", *LOG_FILES, "final")
 

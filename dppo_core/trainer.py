@@ -54,6 +54,8 @@ from dppo_core.distributed import (
     shard,
 )
 from dppo_core.estimator import Selection, Weighting, make_estimator
+from dppo_core.grouplog import FILENAME as GROUP_LOG
+from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.history import PromptHistory
 from dppo_core.logprobs import Sequences, engine_weights, layout_micro_batches
@@ -148,6 +150,7 @@ class DPPOTrainer:
                                            weight_decay=config.weight_decay)
         self.estimator = make_estimator(config)  # which prompts and completions to keep, and their weights
         self.step = 0
+        self.last_groups: dict[str, Any] | None = None  # the last step's groups.jsonl line (dppo_core.grouplog)
         self.engine: RolloutEngine | None = None
         self._tb: SummaryWriter | None = None
         self._stop = ckpt.StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
@@ -413,6 +416,8 @@ class DPPOTrainer:
         # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
         adv, weighting = self.weigh_groups(selection, rewards, lens, self.step)
+        self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
+                                        selection.probs, rewards, lens)  # groups.jsonl's line (train() writes it)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)
@@ -559,8 +564,11 @@ class DPPOTrainer:
         last: dict[str, Any] = {}
         with self._stop:
             while self.step < c.max_steps:
+                self.last_groups = None
                 last = self.train_step()
                 self._emit(last)
+                if c.log_groups and self.last_groups is not None and self.dist.is_main:
+                    ckpt.append_jsonl(self.output_dir / GROUP_LOG, self.last_groups)
                 bar.update(1)
                 bar.set_postfix(reward="skipped" if last.get("skipped") else f"{last['reward_mean']:.3f}",
                                 step_s=f"{last['step_time']:.2f}")

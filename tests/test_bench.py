@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dppo_core.config import ConfigError, DPPOConfig, preset
+from dppo_core.grouplog import read_groups
 from dppo_core.tools import bench
 from dppo_core.tools.bench import (
     BENCH_PRESETS,
@@ -93,6 +94,12 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
     assert result["token_cost_bound"]["grpo"] == pytest.approx(1.0)
     assert result["speedup_vs_grpo"]["grpo"]["wall"] == pytest.approx(1.0)
     assert len(result["runs"]) == len(METHODS) * 2
+    for ref in ("grpo", "grpo_skip"):  # the ceiling of every method of ours over each baseline; TRL's have no groups
+        for name, c in result["ceiling"][ref].items():
+            if name.startswith("trl"):
+                assert c["speedup"] is None and "groups.jsonl" in c["why_not"], name
+            else:
+                assert _is_num(c["speedup"]) and c["speedup"] > 0 and len(c["per_seed"]) == 2, (ref, name)
     json.dumps(result, allow_nan=False)  # strict JSON: no NaN or infinity anywhere
 
 
@@ -107,6 +114,13 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
             assert [s["step"] for s in steps] == [1, 2, 3], (method, seed)
             assert [e["step"] for e in evals] == [0, 1, 2, 3], (method, seed)  # eval_steps=1, before and after
             assert not [p for p in d.iterdir() if p.is_dir()], "checkpoints and the final model are removed"
+            if not method.startswith("trl"):  # our trainer logs every rolled-out group, consistent with the metrics
+                groups = read_groups(d)
+                assert [g["step"] for g in groups] == [1, 2, 3], (method, seed)
+                for g, s in zip(groups, steps, strict=True):
+                    assert sum(map(sum, g["lengths"])) == s["tokens_generated"] and len(g["ids"]) == len(g["pi"])
+                    assert len(g["rewards"]) == s["prompts_rolled_out"] == len(g["lengths"])
+                    assert g["window"] == s["prompts_candidates"] and all(0 < p <= 1 for p in g["pi"])
         assert method in printed
     for name in ("accuracy_vs_step.png", "accuracy_vs_time.png", "phases.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

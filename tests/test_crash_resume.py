@@ -110,7 +110,7 @@ def _assert_complete_checkpoints(out: Path, context: str) -> None:
 
 def _assert_logs_parse(out: Path, context: str) -> None:
     """Log lines are whole JSON records; only the last one may be cut off by the kill."""
-    for name in ("metrics.jsonl", "eval.jsonl"):
+    for name in ("metrics.jsonl", "eval.jsonl", "groups.jsonl"):
         f = out / name
         lines = f.read_text().splitlines() if f.exists() else []
         for i, line in enumerate(lines[:-1]):
@@ -203,7 +203,7 @@ def test_sigkilled_and_resumed_run_equals_uninterrupted(cache_dir, tmp_path):
         print("kills:", *kills, sep="\n  ")
         # what a kill can leave and the random ones may have missed: a log line cut off mid-write (in both
         # logs) and the temp dir of a checkpoint being written; --resume must drop both
-        for name in ("metrics.jsonl", "eval.jsonl"):
+        for name in ("metrics.jsonl", "eval.jsonl", "groups.jsonl"):
             with open(out / name, "a") as f:
                 f.write('{"step": 3, "reward_mean": 0.')
         partial = out / ".tmp-checkpoint-killed" / "model"
@@ -226,6 +226,7 @@ def test_sigkilled_and_resumed_run_equals_uninterrupted(cache_dir, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, MAX_STEPS + 1)), kills
     assert _without_times(rows) == _without_times(ref_rows), kills
     assert _without_times(_lines(out / "eval.jsonl")) == _without_times(_lines(ref_out / "eval.jsonl"))
+    assert _lines(out / "groups.jsonl") == _lines(ref_out / "groups.jsonl"), kills  # every step's groups once
     # the run exercised what it is meant to: pruned prompts (so the prompt history mattered), packed updates
     assert any(r["prompts_rolled_out"] < r["prompts_candidates"] for r in rows)
     assert any(r["sequences_trained"] > 0 and r["update_rows"] > 0 for r in rows)

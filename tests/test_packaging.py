@@ -89,7 +89,7 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 #: The layers of docs/architecture.md, lowest first; a module may import its own layer and the ones below. Keys are
 #: a module's name under ``dppo_core`` (``engines`` and ``tools`` hold their submodules).
 LAYERS = [
-    {"config", "varlen", "distributed", "grading", "history"},
+    {"config", "varlen", "distributed", "grading", "history", "grouplog"},
     {"grpo", "pruning", "packing", "shared_prefix", "rewards", "tasks", "benchmark_data", "models", "shapes"},
     {"estimator", "engines", "rollout", "vllm_engine", "lean_decode"},  # the last two: earlier import paths
     {"trainer", "data", "policy", "logprobs", "checkpoint", "evaluate"},

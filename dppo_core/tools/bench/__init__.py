@@ -80,6 +80,7 @@ from dppo_core.tools.bench.presets import (
     method_config,
     method_lineage,
     method_settings,
+    reference_method,
     run_dir,
     split_overrides,
 )
@@ -112,14 +113,13 @@ from dppo_core.tools.bench.summary import (
 )
 
 __all__ = [
-    "BENCH_PRESETS", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING", "DEFAULT_METHODS", "DERIVED_METHODS", "DPPO_PRUNING",
-    "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS",
-    "TARGET_FRACTION", "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "BenchError",
-    "BenchPreset", "TRLPeer", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
-    "build_configs", "check_methods", "committed_result", "compare", "describe_machine",
-    "describe_presets", "format_levels", "format_markdown", "format_table", "interleaved", "method_config",
-    "method_lineage", "method_settings", "paired_speedups", "plot_bench", "read_jsonl", "require_trl", "run_bench",
-    "run_dir", "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench",
-    "summarize_run", "time_to_target", "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme",
-    "write_bench",
+    "BENCH_PRESETS", "BenchError", "BenchPreset", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING", "DEFAULT_METHODS",
+    "DERIVED_METHODS", "DPPO_PRUNING", "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES",
+    "README_MARKERS", "REFERENCE_METHODS", "TARGET_FRACTION", "TRLPeer", "TRL_INSTALL_HINT", "TRL_PEERS",
+    "UNTRAINED_TINY", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset", "build_configs",
+    "check_methods", "committed_result", "compare", "describe_machine", "describe_presets", "format_levels",
+    "format_markdown", "format_table", "interleaved", "method_config", "method_lineage", "method_settings",
+    "paired_speedups", "plot_bench", "read_jsonl", "reference_method", "require_trl", "run_bench", "run_dir",
+    "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench", "summarize_run",
+    "time_to_target", "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme", "write_bench",
 ]

@@ -219,14 +219,24 @@ def describe_presets() -> str:
 
 
 def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
-    """``methods`` in order, without repeats; every name must be known and ``grpo`` (the reference) present."""
+    """``methods`` in order, without repeats; every name must be known and a reference (:func:`reference_method`)
+    present."""
     out = tuple(dict.fromkeys(methods))
     unknown = [m for m in out if m not in METHODS]
     if unknown:
         raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
-    if "grpo" not in out:
-        raise BenchError("every speedup and the target accuracy are relative to grpo: include grpo in the methods")
+    if not set(REFERENCE_METHODS) & set(out):
+        raise BenchError("the target accuracy and the first speedups are relative to grpo (or to grpo_skip, which "
+                         "has grpo's gradient): include grpo or grpo_skip in the methods")
     return out
+
+
+def reference_method(methods: Iterable[str]) -> str:
+    """The method the target accuracy and ``speedup_vs_<it>`` are relative to: ``grpo`` when it ran, else
+    ``grpo_skip`` (its gradient equals grpo's at every step, tests/test_exact_expectation.py, so it learns alike and
+    only costs less: a bench can leave grpo's slower runs out)."""
+    names = set(methods)
+    return next(m for m in REFERENCE_METHODS if m in names)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dppo_core.tools.bench.ceiling import ceilings
 from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
     METHODS,
@@ -24,6 +25,7 @@ from dppo_core.tools.bench.presets import (
     BenchPreset,
     check_methods,
     method_settings,
+    reference_method,
     run_dir,
 )
 from dppo_core.tools.bench.summary import (
@@ -76,8 +78,11 @@ NOTES: dict[str, str] = {
                         "first at or above it; the first evaluation's time if that one already reaches it; "
                         "None if no evaluation does (a method's mean: None unless every seed reached it)",
     "aggregation": "means over seeds; after_std: standard deviation of the final accuracy over seeds",
-    "token_cost_bound": "grpo's time over c_gen * generated + c_train * trained + fixed, with "
-                        "grpo's per-token costs (token_costs)",
+    "token_cost_bound": "the reference's (grpo, else grpo_skip) time over c_gen * generated + c_train * trained + "
+                        "fixed, with the reference's per-token costs (token_costs)",
+    "ceiling": "per baseline and method: the time-to-target speedup an oracle would reach that rolls out only the "
+               "baseline's informative groups and trains them as the method does (dppo_core/tools/bench/ceiling.py); "
+               "fraction_reached: the measured speedup to each target over it",
     "fraction_of_bound": "wall speedup / token_cost_bound",
     "eval_stderr_max": "the largest standard error of one evaluation point's sampled accuracy, problems as the "
                        "sampling unit (over a method's points and seeds)",
@@ -95,7 +100,8 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     these: a precise evaluation of the same training, timed by one side-by-side run.
 
     Each run's ``time_to_target_s`` is :func:`~dppo_core.tools.bench.summary.time_to_target` of its curve: the
-    interpolated crossing of ``target_accuracy`` (``TARGET_FRACTION`` of grpo's final accuracy, mean over seeds),
+    interpolated crossing of ``target_accuracy`` (``TARGET_FRACTION`` of the reference's final accuracy, mean over
+    seeds; the reference is grpo, or grpo_skip when grpo did not run: :func:`reference_method`),
     the same definition as the speedups to a target in ``speedup_vs``.
     """
     preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
@@ -103,14 +109,16 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     output_dir = Path(output_dir)
     methods = check_methods(methods)
     runs, machine = _finished_runs(output_dir, methods, seeds, times_from)
-    grpo_after = [r["accuracy"]["after"] for r in runs["grpo"]]
-    if None in grpo_after:
-        raise BenchError("grpo's runs have no final evaluation, so there is no target accuracy")
-    target = TARGET_FRACTION * sum(grpo_after) / len(grpo_after)
+    reference = reference_method(methods)
+    finals = [r["accuracy"]["after"] for r in runs[reference]]
+    if None in finals:
+        raise BenchError(f"{reference}'s runs have no final evaluation, so there is no target accuracy")
+    target = TARGET_FRACTION * sum(finals) / len(finals)
     for rs in runs.values():
         for r in rs:
             r["time_to_target_s"] = time_to_target(r["curve"], target)
     aggregated = {m: aggregate_runs(rs) for m, rs in runs.items()}
+    vs = {ref: speedups_vs(runs, ref) for ref in REFERENCE_METHODS if ref in runs}
     configs = {}
     for m in methods:
         cfg = json.loads((run_dir(output_dir, m, seeds[0]) / "config.json").read_text())
@@ -125,9 +133,10 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "target_accuracy": target,
         "target_fraction_of_grpo": TARGET_FRACTION,
         "methods": aggregated,
-        **compare(aggregated),
+        **compare(aggregated, reference),
         "speedup_intervals": {ref: paired_speedups(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
-        "speedup_vs": {ref: speedups_vs(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
+        "speedup_vs": vs,
+        "ceiling": ceilings(Path(times_from) if times_from is not None else output_dir, runs, REFERENCE_METHODS, vs),
         "method_overrides": {m: method_settings(preset, m) for m in methods},
         "configs": configs,
         "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
@@ -225,13 +234,14 @@ def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
 def format_table(result: Mapping[str, Any]) -> str:
     """The results as a fixed-width table: one row per method."""
     w = max(9, *(len(name) for name in result["methods"]))
+    ref = result.get("reference", "grpo")
     head = (f"{'method':<{w}} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
             f"{'x step':>6} {'x wall':>6} {'x target':>8} {'bound':>6} {'of bound':>8} {'generated':>10} "
             f"{'trained':>10} {'density':>7}")
     lines = [head]
     for name, m in result["methods"].items():
         acc = m["accuracy"]
-        sp = result["speedup_vs_grpo"][name]
+        sp = result[f"speedup_vs_{ref}"][name]
         tokens = m["tokens"]
         after = f"{fmt(acc['after'])} ± {fmt(acc['after_std'])}"
         ttt = fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
@@ -243,9 +253,9 @@ def format_table(result: Mapping[str, Any]) -> str:
             f"{tokens['trained'] / max(1, tokens['row_capacity']):>7.2f}")
     seeds = result["seeds"]
     lines.append(f"\nsampled accuracy (T=1) on held-out problems, mean over the trained levels, {len(seeds)} seed(s) "
-                 f"{seeds}; target {result['target_accuracy']:.3f} ({TARGET_FRACTION:.0%} of grpo's final); "
+                 f"{seeds}; target {result['target_accuracy']:.3f} ({TARGET_FRACTION:.0%} of {ref}'s final); "
                  "times are training time (sum of step times)")
-    lines.append("x step / x wall / x target: speedup over grpo in median step time, training time and time to "
+    lines.append(f"x step / x wall / x target: speedup over {ref} in median step time, training time and time to "
                  "target; bound: the speedup the token counts predict; of bound: x wall / bound")
     return "\n".join(lines)
 
@@ -256,13 +266,13 @@ README_MARKERS = ("<!-- bench:{preset}:start -->", "<!-- bench:{preset}:end -->"
 
 def format_markdown(result: Mapping[str, Any], command: str | None = None) -> str:
     """The results as a Markdown table, one row per method, with the settings and machine under it."""
-    seeds = result["seeds"]
+    seeds, ref = result["seeds"], result.get("reference", "grpo")
     lines = ["| method | final accuracy (sampled) | time to target | median step "
              "| speedup: step / training / to target "
              "| token-cost bound | of bound | tokens generated | tokens trained | density |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in result["methods"].items():
-        acc, sp, tokens = m["accuracy"], result["speedup_vs_grpo"][name], m["tokens"]
+        acc, sp, tokens = m["accuracy"], result[f"speedup_vs_{ref}"][name], m["tokens"]
         ttt = m["time_to_target_s"]
         reached = m.get("time_to_target_reached", "")
         ttt_text = f"{ttt / 60:.1f} min" if ttt is not None else f"not reached ({reached})"
@@ -274,14 +284,14 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
             f"| {speedups} | {fmt(result['token_cost_bound'][name], '.2f', 'x')} "
             f"| {fmt(result['fraction_of_bound'][name], '.2f')} "
             f"| {tokens['generated']:,} | {tokens['trained']:,} | {density:.2f} |")
-    grpo = result["methods"]["grpo"]["accuracy"]
+    grpo = result["methods"][ref]["accuracy"]
     fraction = result.get("target_fraction_of_grpo", TARGET_FRACTION)
     lines += ["",
               f"Preset `{result['preset']}`, seeds {seeds} (means over seeds"
               + ("; ± is the standard deviation of the final accuracy over seeds" if len(seeds) > 1 else "")
               + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {fmt(grpo['before'])} "
               f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
-              "of grpo's final accuracy. Times are training time (the sum of step times; evaluation excluded). "
+              f"of {ref}'s final accuracy. Times are training time (the sum of step times; evaluation excluded). "
               f"Machine: {result['machine']}."]
     lines += format_speedups_vs(result) + format_intervals(result)
     if command:
@@ -322,6 +332,26 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                 cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
             acc = fmt(m["accuracy_at_equal_time"])
             lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {acc} |")
+        lines += format_ceiling(result, ref, fractions)
+    return lines
+
+
+def format_ceiling(result: Mapping[str, Any], ref: str, fractions: Sequence[str]) -> list[str]:
+    """The ceiling of each method over ``ref`` (:mod:`~dppo_core.tools.bench.ceiling`) and the fraction reached."""
+    table = (result.get("ceiling") or {}).get(ref) or {}
+    rows = [(name, c) for name, c in table.items() if c.get("speedup")]
+    if not rows:
+        return []
+    lines = ["", f"The ceiling over `{ref}`: an oracle that rolls out only `{ref}`'s informative groups (rewards not "
+                 "all equal) and trains them as the method does, learning per step as `{ref}` does; cost model fitted "
+                 "to the runs' own phase times (dppo_core/tools/bench/ceiling.py). Fraction reached: the speedup to "
+                 "each target over the ceiling.".replace("{ref}", ref), "",
+             "| method | ceiling (per seed) | " + " | ".join(f"reached to {float(f):.0%}" for f in fractions) + " |",
+             "|---|---|" + "---|" * len(fractions)]
+    for name, c in rows:
+        seeds = ", ".join(f"{x:.2f}" for x in c["per_seed"])
+        reached = [fmt(c["fraction_reached"].get(f), ".0%") for f in fractions]
+        lines.append(f"| `{name}` | {c['speedup']:.2f}x ({seeds}) | " + " | ".join(reached) + " |")
     return lines
 
 
@@ -394,7 +424,7 @@ def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
                                 [a + p["sampled_std"] for a, p in zip(y, pts, strict=True)],
                                 color=colors[name], alpha=0.15)
         ax.axhline(result["target_accuracy"], color="gray", ls="--", lw=1,
-                   label=f"target ({TARGET_FRACTION:.0%} of grpo)")
+                   label=f"target ({TARGET_FRACTION:.0%} of {result.get('reference', 'grpo')})")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out sampled accuracy (T=1)")
         ax.set_title(f"dppo bench {result['preset']}: mean over seeds {seeds}" + (" (± std)" if len(seeds) > 1 else ""))

@@ -222,17 +222,18 @@ def _speedups(ref: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, float |
             "time_to_target": _ratio(ref["time_to_target_s"], m["time_to_target_s"])}
 
 
-def compare(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Speedups over grpo (and over grpo_skip when it ran), the token-cost bound and the fraction of it reached."""
-    ref = methods["grpo"]
+def compare(methods: Mapping[str, Mapping[str, Any]], reference: str = "grpo") -> dict[str, Any]:
+    """Speedups over ``reference`` (``speedup_vs_<reference>``; also over grpo_skip when it ran), the token-cost
+    bound at the reference's per-token costs and the fraction of it reached."""
+    ref = methods[reference]
     speedup, bound, fraction = {}, {}, {}
     for name, m in methods.items():
         speedup[name] = _speedups(ref, m)
         bound[name] = token_cost_bound(ref, m)
         wall = speedup[name]["wall"]
         fraction[name] = wall / bound[name] if wall is not None and bound[name] else None
-    out = {"speedup_vs_grpo": speedup, "token_cost_bound": bound, "fraction_of_bound": fraction,
-           "token_costs": token_costs(ref)}
+    out = {"reference": reference, f"speedup_vs_{reference}": speedup, "token_cost_bound": bound,
+           "fraction_of_bound": fraction, "token_costs": token_costs(ref)}
     if "grpo_skip" in methods:
         out["speedup_vs_grpo_skip"] = {name: _speedups(methods["grpo_skip"], m) for name, m in methods.items()}
     return out

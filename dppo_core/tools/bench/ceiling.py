@@ -1,0 +1,132 @@
+"""The physical ceiling of pruning: how much sooner a method could at best have reached the target than a baseline.
+
+The oracle rolls out only the baseline's groups whose rewards are not all equal (the informative ones: every
+other group has A = 0 everywhere and no gradient) and trains them as the method does (its completion pruning and
+packing), and it learns per step as the baseline does. No unbiased pruning of prompts can do better without
+learning more per step: it must roll a prompt out to know its group is informative. The ceiling is the
+baseline's training time over the oracle's, computed per seed from the two runs' own logs:
+
+- ``groups.jsonl`` (:mod:`dppo_core.grouplog`): the baseline's groups, so which were informative and how many
+  tokens they generated;
+- ``metrics.jsonl``: the measured per-phase times, to which the cost model is fitted by least squares:
+
+  * rollout s = r0 + r1 · generated tokens, fitted on the baseline's steps (the same engine rolls out for both;
+    r0 holds the per-step part, mostly the decode steps until the longest completion ends, which the oracle
+    still pays: its longest completion is about as long);
+  * update s = u0 + u1 · trained tokens, fitted on the method's steps (its packing and loss);
+  * everything else (reward, prune, pack, sync and the gaps between phases): the method's mean per step.
+
+  The oracle's step s trains κ × the informative tokens of the baseline's step s, κ the method's own trained
+  tokens over the tokens of its informative groups (its completion pruning; 1 when it keeps every completion of
+  an informative group). Its time is Σ_s r0 + r1 N_s + u0 + u1 κ N_s + other, N_s the informative tokens (a step
+  with N_s = 0 pays only ``other``). The fits keep a, b >= 0 (:func:`linear_fit`).
+
+What it leaves out: learning per step is taken as equal (the method's extra variance would only lower what it
+reaches, so the ceiling stays an upper bound for an unbiased method), and the fit's residuals (``r2`` per fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dppo_core.grouplog import informative, read_groups
+from dppo_core.tools.bench.presets import run_dir
+from dppo_core.tools.bench.summary import read_jsonl
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
+    """Least squares y = a + b x with a, b >= 0 (a time is never negative): ``{"a", "b", "r2"}``. When the free fit
+    has a < 0 the line goes through 0 (a = 0); when it has b < 0, or x does not vary, b = 0 and a = mean y."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xs) == 0:
+        raise ValueError("no steps to fit the cost model to")
+    if len(xs) < 2 or np.ptp(xs) == 0:
+        return {"a": float(ys.mean()), "b": 0.0, "r2": 0.0}
+    b, a = np.polyfit(xs, ys, 1)
+    if a < 0:
+        a, b = 0.0, float(xs @ ys / (xs @ xs))
+    if b < 0:
+        a, b = float(ys.mean()), 0.0
+    residual = ys - (a + b * xs)
+    total = float(((ys - ys.mean()) ** 2).sum())
+    return {"a": float(a), "b": float(b), "r2": 1.0 - float((residual ** 2).sum()) / total if total else 1.0}
+
+
+def _steps(metrics: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [m for m in metrics if "step_time" in m and not m.get("skipped")]
+
+
+def informative_tokens(groups: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Per step, the generated tokens of its informative groups."""
+    return {g["step"]: sum(sum(lens) for r, lens in zip(g["rewards"], g["lengths"], strict=True) if informative(r))
+            for g in groups}
+
+
+def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Sequence[Mapping[str, Any]],
+                   method_metrics: Sequence[Mapping[str, Any]], method_groups: Sequence[Mapping[str, Any]]
+                   ) -> dict[str, Any]:
+    """One seed's ceiling of the method over the baseline (the module docstring's model), with its parts."""
+    base, steps = _steps(base_metrics), _steps(method_metrics)
+    if not base or not steps:
+        raise ValueError("the baseline's or the method's metrics.jsonl has no steps")
+    rollout = linear_fit([m["tokens_generated"] for m in base], [m["time_rollout"] for m in base])
+    update = linear_fit([m["tokens_trained"] for m in steps], [m["time_update"] for m in steps])
+    other = float(np.mean([m["step_time"] - m["time_rollout"] - m["time_update"] for m in steps]))
+    own_informative = sum(informative_tokens(method_groups).values())
+    kappa = sum(m["tokens_trained"] for m in steps) / own_informative if own_informative else 1.0
+    useful = informative_tokens(base_groups)
+    missing = [m["step"] for m in base if m["step"] not in useful]
+    if missing:
+        raise ValueError(f"the baseline's groups.jsonl has no line for step(s) {missing[:5]}: it and metrics.jsonl "
+                         "must come from the same run")
+    # a step without an informative group rolls out and trains nothing (the oracle knows), but still pays `other`
+    oracle = sum((rollout["a"] + rollout["b"] * n + update["a"] + update["b"] * kappa * n if n else 0.0) + other
+                 for n in (useful[m["step"]] for m in base))
+    base_time = sum(m["step_time"] for m in base)
+    return {"speedup": base_time / oracle if oracle > 0 else None, "baseline_s": base_time, "oracle_s": oracle,
+            "informative_token_share": sum(useful.values()) / max(1, sum(m["tokens_generated"] for m in base)),
+            "kappa": kappa, "rollout_fit": rollout, "update_fit": update, "other_s_per_step": other}
+
+
+def ceilings(output_dir: str | Path, runs: Mapping[str, Sequence[Mapping[str, Any]]], baselines: Sequence[str],
+             speedups: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per baseline and method, the ceiling over the seeds both ran (mean and per seed) and the fraction of it the
+    measured time-to-target speedups (``speedups``: :func:`~dppo_core.tools.bench.summary.speedups_vs` per
+    baseline) reached, per target. A method without ``groups.jsonl`` (a TRL peer, or a run made before the log
+    existed) gets None with the reason."""
+    out: dict[str, dict[str, Any]] = {}
+    for base in baselines:
+        if base not in runs:
+            continue
+        out[base] = {}
+        for method, rs in runs.items():
+            if method == base:
+                continue
+            per_seed, reason = [], None
+            for r in rs:
+                b, m = run_dir(output_dir, base, r["seed"]), run_dir(output_dir, method, r["seed"])
+                try:
+                    per_seed.append(oracle_ceiling(read_jsonl(b / "metrics.jsonl"), read_groups(b),
+                                                   read_jsonl(m / "metrics.jsonl"), read_groups(m)))
+                except (FileNotFoundError, ValueError) as exc:
+                    reason = str(exc)
+                    break
+            if reason is None and any(c["speedup"] is None for c in per_seed):
+                reason = "the cost model fitted to these runs predicts no time for the oracle"
+            if reason is not None or not per_seed:
+                out[base][method] = {"speedup": None, "why_not": reason or "no seed both ran"}
+                continue
+            ceiling = float(np.mean([c["speedup"] for c in per_seed]))
+            measured = speedups.get(base, {}).get(method, {}).get("by_target", {})
+            out[base][method] = {
+                "speedup": ceiling, "per_seed": [c["speedup"] for c in per_seed],
+                "kappa": float(np.mean([c["kappa"] for c in per_seed])),
+                "informative_token_share": float(np.mean([c["informative_token_share"] for c in per_seed])),
+                "fraction_reached": {f: (t["time_to_target"] / ceiling if t.get("time_to_target") else None)
+                                     for f, t in measured.items()},
+                "seeds": per_seed}
+    return out
