@@ -13,7 +13,8 @@ It is NOT Divergence PPO (arXiv 2602.04879), which TRL (``trl.experimental.dppo`
                               train_dataset=..., processing_class=tokenizer, estimator=make_estimator(config))
     trainer.train()
 
-Each generation batch (TRL's ``generation_batch_size`` rows: P distinct prompts, G consecutive rows each):
+Each generation batch (TRL's ``generation_batch_size`` rows, over all processes: P distinct prompts, G consecutive
+rows each):
 
 1. before generation, ``estimator.select(ids, step, size=P)`` picks the prompts to roll out (a prompt's id
    is its row's ``id`` column, else its prompt as JSON); only those reach TRL's generation, reward
@@ -46,8 +47,17 @@ optimizer steps on the same generation batch.
 
 Departures from TRL's GRPOTrainer, and why:
 
-1. One process only (a ValueError otherwise): TRL gathers rewards across processes assuming every process
-   rolls out the same number of prompts, which prompt pruning breaks.
+1. Several processes (``accelerate launch``; tested on CPU with DDP and FSDP2, see docs/scaling.md): the
+   generation batch is gathered from every process, and the main process's selection and weighting are
+   broadcast, so every process follows one draw with one normaliser C over the whole window. The kept
+   prompts' rows are cut into equal consecutive slices, one a process, because TRL gathers rewards and
+   slices advantages assuming equal counts; when G times the kept prompts is not a multiple of the number
+   of processes N, copies of the first kept group are rolled out to fill the cut and dropped after the
+   rewards (fewer than N / gcd(G, N) groups, none when N divides G; TRL's logged rewards and token counts
+   include them). After completion pruning, each micro-batch is padded with rows of weight 0 and no
+   completion tokens to the most rows any process holds in it (TRL's metrics gather per-row tensors, and
+   DDP, FSDP and ZeRO need every process's forward and backward), and the loss is multiplied by N, as they
+   average the processes' gradients. The update then equals one process's on the same global batch.
 2. Text prompts only (a NotImplementedError on image inputs): dropping completions would have to cut
    ``pixel_values`` by image grid, which is not row-aligned.
 3. The KL term (beta > 0) is computed here, weighted per completion, as TRL computes it (k3, times the
@@ -58,11 +68,14 @@ Departures from TRL's GRPOTrainer, and why:
 4. Micro-batches of a generation batch hold the kept rows split as evenly as possible (TRL's
    ``split_tensor_dict`` needs a multiple of ``steps_per_generation`` and drops the remainder), so
    ``_prepare_inputs`` is re-implemented for training; evaluation is TRL's, unpruned.
-5. ``dense_prompts`` is refused: TRL's sampler draws a fixed generation batch, which is the candidate window.
-   With prompt pruning, ``scale_rewards="batch"`` and ``multi_objective_aggregation="normalize_then_sum"``
-   are refused: their advantages use statistics of the whole rolled-out batch, which pruning changes.
+5. ``dense_prompts`` is refused (a ValueError): it looks past the candidate window, but TRL's sampler draws
+   a fixed generation batch, which is the window. With prompt pruning, ``scale_rewards="batch"`` and
+   ``multi_objective_aggregation="normalize_then_sum"`` are refused: their advantages use statistics of the
+   whole rolled-out batch, which pruning changes.
 6. TRL's entropy bonus, auxiliary (router) loss and ``top_entropy_quantile`` mask act on the kept rows of
-   each micro-batch, unweighted: they are outside the unbiasedness claim.
+   each micro-batch, unweighted (the router loss on the padding rows of departure 1 too): they are outside
+   the unbiasedness claim, and TRL's logged KL and entropy are means over micro-batches, whose rows differ
+   with the number of processes.
 7. The estimator's ``step`` (its random draws and history ages) counts generation batches
    (``estimator_step``); under TRL's defaults it equals ``state.global_step``.
 
@@ -84,6 +97,7 @@ try:
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # trl is an optional extra
     raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: pip install 'dppo-core[bench]'") from exc
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import shuffle_sequence_dict
 
@@ -118,12 +132,40 @@ def _take_rows(batch: dict[str, Any], rows: list[int], n: int) -> dict[str, Any]
     return out
 
 
+def _part_sizes(n: int, chunks: int) -> list[int]:
+    """The sizes of ``n`` rows cut into ``chunks`` consecutive parts differing by at most one row."""
+    return [n * (i + 1) // chunks - n * i // chunks for i in range(chunks)]
+
+
 def _split_rows(batch: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
-    """``batch`` in ``chunks`` consecutive parts of sizes differing by at most one (TRL's: all equal)."""
-    n = len(batch["completion_ids"])
-    bounds = [n * i // chunks for i in range(chunks + 1)]
+    """``batch`` in ``chunks`` consecutive parts of :func:`_part_sizes` (TRL's: all equal)."""
+    bounds = [0]
+    for size in _part_sizes(len(batch["completion_ids"]), chunks):
+        bounds.append(bounds[-1] + size)
     parts = zip(bounds[:-1], bounds[1:], strict=True)
     return [{k: v[a:b] if _per_row(v) else v for k, v in batch.items()} for a, b in parts]
+
+
+def _pad_rows(part: dict[str, Any], filler: dict[str, Any], count: int) -> dict[str, Any]:
+    """``part`` with ``count`` copies of the one-row ``filler`` appended to each of its per-row values."""
+    if count == 0:
+        return part
+    out = {}
+    for key, value in part.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            value = torch.cat([value, filler[key].expand(count, *value.shape[1:])])
+        elif isinstance(value, list):
+            value = value + filler[key] * count
+        out[key] = value
+    return out
+
+
+def padding_groups(num_groups: int, group_size: int, processes: int) -> int:
+    """How many whole groups to add to ``num_groups`` kept ones so their rows split evenly over ``processes``."""
+    pad = 0
+    while (num_groups + pad) * group_size % processes:
+        pad += 1
+    return pad
 
 
 class DPPOGRPOTrainer(GRPOTrainer):
@@ -147,6 +189,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
         self.estimator_step = 0  # generation batches drawn so far: the estimator's step
         self._rewards: torch.Tensor | None = None  # the last generation batch's rewards, for observe
         self._logps: torch.Tensor | None = None  # the last log-probs computed with grad, for the KL term
+        self._process_rows: list[int] = []  # the kept rows each process trains on, of the last generation batch
+        self._filler: dict[str, Any] = {}  # a row that adds nothing to the loss (see _prepare_inputs)
         self._check_supported()
 
     def _check_supported(self) -> None:
@@ -158,9 +202,6 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if self.estimator.name == "pods":
             raise ValueError("DPPOGRPOTrainer: the pods estimator recomputes advantages over the kept completions, "
                              "which TRL's loss does not take from it; run pods with dppo_core's DPPOTrainer")
-        if self.accelerator.num_processes > 1:
-            raise ValueError("DPPOGRPOTrainer runs on one process: TRL gathers rewards across processes assuming "
-                             "equal prompt counts, which prompt pruning breaks")
         if isinstance(self.estimator, PromptPruning) and self.estimator.prompt_prune_rate > 0 and (
                 self.scale_rewards == "batch" or self.multi_objective_aggregation == "normalize_then_sum"):
             raise ValueError("DPPOGRPOTrainer: with prompt pruning, scale_rewards='batch' and "
@@ -174,8 +215,9 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              "drop_zero_advantage=False")
         size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
-            raise ValueError("DPPOGRPOTrainer: the estimator asks for more candidate prompts than a generation batch "
-                             "holds (dense_prompts); TRL draws a fixed batch: set dense_prompts false")
+            raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the generation "
+                             "batch, but TRL's sampler draws a fixed generation_batch_size of prompts; set "
+                             "dense_prompts=False (or run dense prompts with dppo_core's DPPOTrainer)")
 
     # --- generation: prune prompts before it, completions after the rewards -------------------------------
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
@@ -184,38 +226,71 @@ class DPPOGRPOTrainer(GRPOTrainer):
         steps_per_generation = cast(int, self.args.steps_per_generation)  # GRPOConfig resolves it
         if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
-            self._buffered_inputs = _split_rows(batch, steps_per_generation)
+            parts = _split_rows(batch, steps_per_generation)
+            if self.accelerator.num_processes > 1 and sum(self._process_rows):
+                # every process trains on as many rows as the fullest one, in every micro-batch: TRL's metrics gather
+                # per-row tensors, and DDP, FSDP and ZeRO need every process's forward and backward; the padding
+                # rows have weight 0 and no completion tokens. A micro-batch empty everywhere still gets one row,
+                # so that gradients accumulated in the others are reduced across processes when the window ends.
+                sizes = [_part_sizes(n, steps_per_generation) for n in self._process_rows]
+                most = [max(1, *column) for column in zip(*sizes, strict=True)]
+                parts = [_pad_rows(part, self._filler, m - len(part["completion_ids"]))
+                         for part, m in zip(parts, most, strict=True)]
+            self._buffered_inputs = parts
         return self._buffered_inputs[self._step % steps_per_generation]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         g, step = self.num_generations, self.estimator_step
-        groups = [inputs[i:i + g] for i in range(0, len(inputs), g)]
+        processes, rank = self.accelerator.num_processes, self.accelerator.process_index
+        window = gather_object(inputs)  # the whole generation batch: every process's rows, in process order
+        groups = [window[i:i + g] for i in range(0, len(window), g)]
         ids = [prompt_id(group[0]) for group in groups]
-        selection = self.estimator.select(ids, step, size=len(ids))
+        selection = self._from_main(self.estimator.select(ids, step, size=len(ids)))
         self.estimator_step += 1
         kept = [row for i in selection.indices for row in groups[i]]
         self._metrics["train"]["dppo/prompts_kept"].append(len(selection.indices) / max(1, selection.window))
         if not kept:  # every prompt pruned: the estimate is 0
+            self._process_rows = [0] * processes
             return self._empty_batch(selection.window * g)
-        batch = super()._generate_and_score_completions(kept)
+        real = len(kept)  # the kept prompts' rows; copies of a kept group follow, if needed to split evenly
+        kept += groups[selection.indices[0]] * padding_groups(len(selection.indices), g, processes)
+        share = len(kept) // processes
+        batch = super()._generate_and_score_completions(kept[rank * share:(rank + 1) * share])
         if "pixel_values" in batch:
             raise NotImplementedError("DPPOGRPOTrainer supports text prompts only (see its departures)")
-        advantages = batch["advantages"].detach().to("cpu", torch.float64).view(-1, g)
+        # TRL computed the advantages over the gathered batch and kept this process's slice: gather them back
+        advantages = self.accelerator.gather(batch["advantages"].detach())[:real].to("cpu", torch.float64).view(-1, g)
         extra = {}
         if getattr(self.estimator, "needs_lengths", False):  # completion_scheme="length": the tokens per completion
-            extra["lengths"] = batch["completion_mask"].sum(1).detach().to("cpu").view(-1, g)
-        weighting = self.estimator.weigh(advantages, selection, step, **extra)
-        assert self._rewards is not None  # set by _calculate_rewards, in the generation above
-        self.estimator.observe([ids[i] for i in selection.indices], self._rewards.view(-1, g), advantages, step)
-        rows = weighting.keep.flatten().nonzero().flatten().tolist()
-        batch = _take_rows(batch, rows, advantages.numel())
+            lengths = self.accelerator.gather(batch["completion_mask"].sum(1).detach())
+            extra["lengths"] = lengths[:real].to("cpu").view(-1, g)
+        weighting = self._from_main(self.estimator.weigh(advantages, selection, step, **extra))
+        assert self._rewards is not None  # set by _calculate_rewards, in the generation above (gathered by TRL)
+        self.estimator.observe([ids[i] for i in selection.indices], self._rewards[:real].view(-1, g), advantages, step)
+        keep = torch.zeros(len(kept), dtype=torch.bool)  # (rows of every process,): the copies are never kept
+        keep[:real] = weighting.keep.flatten()
+        weights = torch.zeros(len(kept), dtype=torch.float64)
+        weights[:real] = weighting.weights.flatten()
+        self._process_rows = keep.view(processes, share).sum(1).tolist()
+        mine = slice(rank * share, (rank + 1) * share)
+        rows = keep[mine].nonzero().flatten().tolist()
         device = self.accelerator.device
-        batch["dppo_weights"] = weighting.weights.flatten()[rows].to(device)
+        self._filler = _take_rows(batch, [0], share)
+        self._filler["completion_mask"] = torch.zeros_like(self._filler["completion_mask"])
+        self._filler["advantages"] = torch.zeros_like(self._filler["advantages"])
+        self._filler["dppo_weights"] = torch.zeros(1, dtype=torch.float64, device=device)
+        batch = _take_rows(batch, rows, share)
+        batch["dppo_weights"] = weights[mine][rows].to(device)
         batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64, device=device)
-        self._metrics["train"]["dppo/completions_kept"].append(len(rows) / max(1, advantages.numel()))
+        self._metrics["train"]["dppo/completions_kept"].append(int(keep.sum()) / max(1, real))
         return batch
+
+    def _from_main(self, decision: Any) -> Any:
+        """The main process's ``decision`` on every process: each computed it from the same gathered batch and
+        history, and this makes them agree to the bit whatever their arithmetic."""
+        return broadcast_object_list([decision], from_process=0)[0]
 
     def _empty_batch(self, num_sequences: int) -> dict[str, Any]:
         device = self.accelerator.device
@@ -244,10 +319,12 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if weights is None:  # evaluation: TRL's loss, nothing pruned
             return super()._compute_loss(model, inputs)
         n = weights.shape[0]
-        if n == 0:  # every completion of this micro-batch was pruned: it adds 0
+        if n == 0:  # every completion of this micro-batch was pruned, on every process: it adds 0
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-        # TRL divides the micro-batch's sum over rows by n and by GA; the step's loss is (S/GA)·(1/C)·Σ w ℓ
-        factor = weights * (n * cast(int, self.args.steps_per_generation) / inputs["dppo_normalizer"])
+        # TRL divides the micro-batch's sum over rows by n and by GA, and DDP, FSDP and ZeRO average the processes'
+        # gradients; the step's loss is (S/GA)·(1/C)·Σ w ℓ over the kept rows of every process
+        rows = n * cast(int, self.args.steps_per_generation) * self.accelerator.num_processes
+        factor = weights * (rows / inputs["dppo_normalizer"])
         advantages = inputs["advantages"]
         scale = factor.to(advantages.dtype).view(-1, *[1] * (advantages.dim() - 1))
         beta, self.beta = self.beta, 0.0  # TRL's KL term, inside its per-token loss, is added below, weighted
@@ -275,7 +352,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
             if self.importance_sampling_level == "sequence":
                 log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
             kl = kl * torch.exp(log_ratio)
-        self._metrics["train"]["kl"].append(((kl * mask).sum() / mask.sum().clamp(min=1.0)).item())
+        totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum().to(kl.dtype)]).detach(), "sum")
+        self._metrics["train"]["kl"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         rows = (kl * mask).sum(-1)
         if self.loss_type in ("grpo", "sapo"):
             return rows / mask.sum(-1).clamp(min=1.0)
