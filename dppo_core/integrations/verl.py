@@ -1,0 +1,314 @@
+"""DPPO on verl: prompt and completion pruning through verl's own extension points.
+
+DPPO here is Dynamic Pruning Policy Optimization: prompts are pruned before rollout, completions after
+reward, and each kept completion is weighted 1 / (π_q p_qi) with a normaliser C = |B|·G fixed before the
+draws, so that the loss and its gradient at the step's parameters are unbiased estimates of full-batch
+GRPO's (not the optimizer's update). It is NOT Divergence PPO (arXiv 2602.04879), which verl ships as the
+policy losses ``dppo_tv`` and ``dppo_kl`` and TRL as ``trl.experimental.dppo``: the names registered here
+(:data:`POLICY_LOSS`, :data:`ADV_ESTIMATOR`) avoid the ``dppo`` prefix for that reason.
+
+What this module adds to verl (importing it registers the first two; ``VERL_USE_EXTERNAL_MODULES`` makes
+every verl process import a module that does, see examples/verl/):
+
+1. the policy loss :data:`POLICY_LOSS` (``actor_rollout_ref.actor.policy_loss.loss_mode``): verl's clipped
+   surrogate (``vanilla``: dual clip included), aggregated as a sum over sequences divided by the fixed C,
+
+       seq-mean-token-mean:      L = (dp_size / C)       Σ_rows mean_t l_t      (our ``loss_type: grpo``)
+       seq-mean-token-sum-norm:  L = (dp_size / (C·L))   Σ_rows Σ_t l_t         (``dr_grpo``, L fixed)
+
+   with C = ``global_batch_info["global_batch_size"]``, which verl's v1 trainer sets to the configured
+   ``actor.ppo_mini_batch_size × rollout.n`` (a constant, never the number of rows left) and ``dp_size``
+   undoing the data-parallel gradient average. verl's default ``token-mean`` divides by the tokens present,
+   a ratio estimator under pruning, and is refused; so is a missing C (verl's ``agg_loss`` would then fall
+   back to the rows present). Each row's weight w enters through its advantage (A·w): verl's surrogate is
+   positively homogeneous in A (its clipping, dual clip included, reads only A's sign), so this is exact;
+2. the advantage estimator :data:`ADV_ESTIMATOR` (``algorithm.adv_estimator``): verl's own GRPO outcome
+   advantage over whole groups, then the :func:`install`-ed estimator's ``weigh`` on them: kept rows get
+   A·w, dropped rows A = 0 (masked: their loss and gradient are exactly 0, but verl's v1 trainer still runs
+   them through the update). Completion pruning only: verl's v1 trainer has no hook between its dataloader
+   and the rollout that could drop prompts;
+3. :func:`select_prompts` and :func:`weigh_rollouts`: the same two steps on verl's ``DataProto`` for a driver
+   loop that holds the batch (the legacy ``RayPPOTrainer.fit`` or a recipe's own loop): drop prompts before
+   ``generate_sequences``, then after verl's ``compute_advantage`` drop the completions not kept (saving
+   the old/ref log-prob and update passes) and scale the advantages of the rest;
+4. :func:`check_config`: refuses a verl config under which the pruned loss would be biased.
+
+Only the loss and its gradient at the parameters of the draw are unbiased (DESIGN.md §4): not AdamW's
+update, gradient clipping, nor a second PPO epoch (``ppo_epochs > 1``) or a second mini-batch, whose
+parameters depend on the draw. Departures from verl's GRPO, and why:
+
+1. One optimizer step per rollout batch (``ppo_mini_batch_size == data.train_batch_size``): verl's loss of
+   a mini-batch divides by the mini-batch's configured size, which is |B|·G only when it is the whole batch.
+2. ``actor.use_kl_loss`` is refused: verl adds the KL term outside the policy loss, unweighted over the rows
+   present. ``algorithm.use_kl_in_reward`` (the KL penalty inside the rewards) is fine: it is in the rewards
+   before any pruning.
+3. ``algorithm.filter_groups`` (DAPO's dynamic sampling) is refused: it refills the batch, which changes B.
+4. The entropy bonus (``entropy_coeff``) acts on the rows present, unweighted: outside the claim (a warning).
+5. The :data:`ADV_ESTIMATOR` path counts its own steps (one per call): the draws of step s are a function of
+   (seed, s) as in our trainer, but the count restarts at 0 when verl resumes from a checkpoint.
+
+Written against verl==0.9.1 (``verl.protocol.DataProto``, ``verl.trainer.ppo.core_algos``); imports only
+the torch-level part of dppo_core (estimator, pruning, history, grpo, config), so it runs beside verl's pins.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+try:
+    from verl import DataProto  # type: ignore[import-not-found, unused-ignore]
+    from verl.trainer.ppo import core_algos  # type: ignore[import-not-found, unused-ignore]
+except ImportError as exc:  # verl is not a dependency of dppo_core
+    raise ImportError("dppo_core.integrations.verl needs verl (tested with verl==0.9.1; see examples/verl/)") from exc
+
+from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
+
+__all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "check_config", "dynamic_pruning_advantage",
+           "dynamic_pruning_policy_loss", "install", "select_prompts", "weigh_rollouts"]
+
+POLICY_LOSS = "dynamic_pruning"
+ADV_ESTIMATOR = "grpo_dynamic_pruning"
+#: verl's ``loss_agg_mode`` values with a per-sequence loss, aggregated here over the fixed C
+SUPPORTED_LOSS_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum-norm")
+PROMPT_PROB = "dppo_prompt_prob"  # non-tensor column: π_q of the row's prompt (select_prompts)
+WINDOW = "dppo_window"  # non-tensor column: |B|, the candidate prompts of the row's step
+
+
+# --- the loss: verl's clipped surrogate over the fixed normaliser C ------------------------------------------
+@core_algos.register_policy_loss(POLICY_LOSS)
+def dynamic_pruning_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-mean",
+                                config: Any = None, rollout_is_weights: torch.Tensor | None = None
+                                ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's ``vanilla`` clipped surrogate summed over rows and divided by the fixed C (module docstring).
+
+    Same arguments as verl's policy losses; ``advantages`` (rows, T) carry each kept row's weight (A·w).
+    """
+    if loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
+        raise ValueError(f"policy loss {POLICY_LOSS!r}: loss_agg_mode={loss_agg_mode!r} divides by a count of what "
+                         f"is left after pruning; use one of {SUPPORTED_LOSS_AGG_MODES} ('seq-mean-token-mean' is "
+                         "dppo_core's loss_type grpo)")
+    if config is None:
+        raise ValueError(f"policy loss {POLICY_LOSS!r} needs verl's actor config (its global_batch_info holds C)")
+    info = config.global_batch_info
+    c = info.get("global_batch_size")
+    if not c:
+        raise ValueError(f"policy loss {POLICY_LOSS!r}: global_batch_info has no global_batch_size, the fixed "
+                         "normaliser C (verl's v1 trainer sets it to actor.ppo_mini_batch_size × rollout.n); without "
+                         "it verl would divide by the rows left after pruning")
+    mask = response_mask.to(advantages.dtype)
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_row = 1.0 / (float(c) * mask.sum(-1).clamp(min=1.0))  # (rows,)
+    else:
+        horizon = info.get("loss_scale_factor")
+        if not horizon:
+            raise ValueError(f"policy loss {POLICY_LOSS!r} with seq-mean-token-sum-norm needs actor.loss_scale_factor "
+                             "(e.g. the response length): verl's default, the padded width, depends on what was kept")
+        per_row = torch.full(mask.shape[:1], 1.0 / (float(c) * float(horizon)), dtype=advantages.dtype,
+                             device=advantages.device)
+    # the surrogate is positively homogeneous in A, so a row's factor moves into its advantage exactly, and
+    # verl's "token-sum" (times dp_size) then gives (dp_size / C) Σ_rows w · (the row's token mean or sum / L)
+    return core_algos.compute_policy_loss_vanilla(old_log_prob, log_prob, advantages * per_row[:, None], response_mask,
+                                                  "token-sum", config, rollout_is_weights)
+
+
+# --- the weights: estimator.weigh over groups of rows ------------------------------------------------------
+def _groups(keys: Sequence[Any]) -> dict[Any, list[int]]:
+    """Row positions of each group key, in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for row, key in enumerate(keys):
+        groups.setdefault(key, []).append(row)
+    return groups
+
+
+def _row_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """One advantage per row from verl's (rows, T) outcome advantages (the row's scalar times its mask)."""
+    mask = response_mask.to(torch.float64)
+    return (advantages.to(torch.float64) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+@dataclass
+class RowWeights:
+    """What a step trains on, per row of verl's batch: keep mask, weights, C, and the estimator's Weighting."""
+
+    keep: torch.Tensor  # (rows,) bool
+    weights: torch.Tensor  # (rows,) float64: 1 / (π_q p_qi) where kept, 0 where dropped
+    num_sequences: int  # C = |B|·G
+    weighting: Weighting  # the (P, G) result, groups in order of first appearance
+
+
+def weigh_rows(advantages: torch.Tensor, groups: dict[Any, list[int]], estimator: Estimator, step: int,
+               selection: Selection, lengths: torch.Tensor | None = None) -> RowWeights:
+    """``estimator.weigh`` on per-row ``advantages`` (rows,) whose groups (each G rows) are ``groups``' values,
+    in the order of ``selection``; ``lengths`` (rows,) for the ``length`` completion scheme."""
+    if estimator.needs_rewards:
+        raise ValueError(f"the {estimator.name!r} estimator replaces the advantages, which verl computes itself: "
+                         "run it with dppo_core's DPPOTrainer")
+    rows = torch.tensor(list(groups.values()), dtype=torch.long)  # (P, G); a ragged list raises here
+    extra: dict[str, torch.Tensor] = {}
+    if getattr(estimator, "needs_lengths", False) and lengths is not None:
+        extra["lengths"] = lengths[rows]
+    weighting = estimator.weigh(advantages[rows], selection, step, **extra)
+    n = advantages.shape[0]
+    keep = torch.zeros(n, dtype=torch.bool)
+    weights = torch.zeros(n, dtype=torch.float64)
+    keep[rows.flatten()] = weighting.keep.flatten()
+    weights[rows.flatten()] = torch.where(weighting.keep, weighting.weights, 0.0).flatten()
+    return RowWeights(keep, weights, weighting.num_sequences, weighting)
+
+
+def _check_group_sizes(groups: dict[Any, list[int]], group_size: int | None) -> None:
+    sizes = {len(rows) for rows in groups.values()}
+    if len(sizes) > 1 or (group_size is not None and sizes and sizes != {group_size}):
+        raise ValueError(f"DPPO on verl: every prompt needs the same number of completions G"
+                         f"{'' if group_size is None else f' (= {group_size})'}, got group sizes {sorted(sizes)}")
+
+
+# --- the driver hooks, on verl's DataProto -------------------------------------------------------------------
+def prompt_ids(batch: DataProto, id_key: str = "index") -> list[str]:
+    """The prompts' ids (the history's keys) from the non-tensor column ``id_key`` (verl's RL dataset: ``index``,
+    from each row's ``extra_info.index``, 0 when absent); raises if they repeat within the batch."""
+    if id_key not in batch.non_tensor_batch:
+        raise ValueError(f"DPPO on verl: the batch has no non-tensor column {id_key!r} to key the prompt history by; "
+                         f"columns: {sorted(batch.non_tensor_batch)}")
+    ids = [str(v) for v in batch.non_tensor_batch[id_key]]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch ({ids[:8]}...); "
+                         "give every dataset row a distinct extra_info.index")
+    return ids
+
+
+def select_prompts(batch: DataProto, estimator: Estimator, step: int, *, id_key: str = "index",
+                   size: int | None = None) -> tuple[DataProto, Selection]:
+    """Before rollout: the sub-batch of ``batch`` (a ``DataProto`` of candidate prompts, one row each) to roll
+    out, and the :class:`Selection`. Each kept row gets π_q and |B| as non-tensor columns, which verl's
+    ``repeat`` and ``union`` carry to its completions for :func:`weigh_rollouts`."""
+    ids = prompt_ids(batch, id_key)
+    selection = estimator.select(ids, step, size=len(ids) if size is None else size)
+    kept = batch.select_idxs(torch.tensor(selection.indices, dtype=torch.long))
+    kept.meta_info = dict(kept.meta_info)  # select_idxs shares the dict with the full batch
+    kept.non_tensor_batch[PROMPT_PROB] = selection.probs.numpy().astype(np.float64)
+    kept.non_tensor_batch[WINDOW] = np.full(len(selection.indices), selection.window, dtype=np.int64)
+    return kept, selection
+
+
+def weigh_rollouts(batch: DataProto, estimator: Estimator, step: int, *, id_key: str = "index",
+                   group_size: int | None = None) -> tuple[DataProto, RowWeights]:
+    """After verl's ``compute_advantage``: ``batch`` (a ``DataProto``, G rows per rolled-out prompt, any order,
+    with ``advantages``, ``response_mask``, ``token_level_rewards`` and the columns :func:`select_prompts` added)
+    less the completions not kept, with each kept row's ``advantages`` times its weight w; the history is
+    updated (``estimator.observe``). ``meta_info["dppo_num_sequences"]`` is C, which must equal verl's
+    ``ppo_mini_batch_size × rollout.n`` (:func:`check_config`)."""
+    ids = [str(v) for v in batch.non_tensor_batch[id_key]] if id_key in batch.non_tensor_batch else None
+    if ids is None or PROMPT_PROB not in batch.non_tensor_batch:
+        raise ValueError(f"weigh_rollouts needs the non-tensor columns {id_key!r} and {PROMPT_PROB!r}: select the "
+                         "prompts with select_prompts and let verl carry its columns to the completions")
+    groups = _groups(ids)
+    _check_group_sizes(groups, group_size)
+    first = [rows[0] for rows in groups.values()]
+    probs = torch.as_tensor(np.asarray(batch.non_tensor_batch[PROMPT_PROB], dtype=np.float64)[first])
+    window = int(np.asarray(batch.non_tensor_batch[WINDOW])[first[0]]) if first else 0
+    selection = Selection(list(range(len(first))), probs, window)
+    mask = batch.batch["response_mask"]
+    adv = _row_advantages(batch.batch["advantages"], mask)
+    rewards = batch.batch["token_level_rewards"].sum(-1).to(torch.float64)
+    out = weigh_rows(adv, groups, estimator, step, selection, mask.sum(-1))
+    rows = torch.tensor(list(groups.values()), dtype=torch.long)
+    estimator.observe(list(groups), rewards[rows], adv[rows], step)
+    kept_rows = out.keep.nonzero().flatten()
+    kept = batch.select_idxs(kept_rows)
+    kept.meta_info = {**kept.meta_info, "dppo_num_sequences": out.num_sequences}
+    scale = out.weights[kept_rows].to(kept.batch["advantages"].dtype)[:, None]
+    kept.batch["advantages"] = kept.batch["advantages"] * scale
+    return kept, out
+
+
+# --- the advantage estimator, for verl's own trainer (completion pruning, masked) --------------------------
+@dataclass
+class _Installed:
+    estimator: Estimator | None = None
+    group_size: int | None = None
+    step: int = 0
+
+
+_INSTALLED = _Installed()
+
+
+def install(estimator: Estimator, group_size: int, step: int = 0) -> None:
+    """Make :data:`ADV_ESTIMATOR` weigh with ``estimator`` (in the process that computes advantages: verl's
+    driver); ``group_size`` is ``rollout.n``; ``step`` the count of draws so far."""
+    if isinstance(estimator, PromptPruning) and estimator.prompt_prune_rate > 0:
+        raise ValueError(f"{ADV_ESTIMATOR!r} prunes completions only (prompt_prune_rate="
+                         f"{estimator.prompt_prune_rate}): prompts are pruned before rollout, by select_prompts in "
+                         "a driver loop that holds the batch")
+    _INSTALLED.estimator, _INSTALLED.group_size, _INSTALLED.step = estimator, group_size, step
+
+
+@core_algos.register_adv_est(ADV_ESTIMATOR)
+def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                              epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool | None = None,
+                              config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's GRPO outcome advantages (``compute_grpo_outcome_advantage``, over whole groups), then each row's
+    times its weight w: A·w where kept, 0 where dropped (a group of another size than G is verl's padding, and
+    must have A = 0). Without :func:`install`, verl's GRPO advantages unchanged."""
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
+                                                              norm_adv_by_std_in_grpo, config)
+    estimator, g = _INSTALLED.estimator, _INSTALLED.group_size
+    if estimator is None:
+        return advantages, advantages
+    adv = _row_advantages(advantages, response_mask)
+    groups = _groups(list(index))
+    padding = {k: rows for k, rows in groups.items() if len(rows) != g}
+    if any(adv[rows].abs().sum() > 0 for rows in padding.values()):
+        raise ValueError(f"{ADV_ESTIMATOR!r}: groups of sizes {sorted({len(r) for r in padding.values()})} with "
+                         f"non-zero advantages, but rollout.n = {g} (install(estimator, group_size=rollout.n))")
+    groups = {k: rows for k, rows in groups.items() if k not in padding}
+    step = _INSTALLED.step
+    _INSTALLED.step += 1
+    out = weigh_rows(adv, groups, estimator, step, Selection(list(range(len(groups))), torch.ones(len(groups),
+                     dtype=torch.float64), len(groups)), response_mask.sum(-1))
+    factor = out.weights.to(advantages.dtype)
+    for rows in padding.values():  # verl's padding rows keep their (zero) advantages
+        factor[rows] = 1.0
+    scaled = advantages * factor[:, None]
+    return scaled, scaled
+
+
+# --- the config rules -------------------------------------------------------------------------------------
+def check_config(config: Any) -> int:
+    """Raise ValueError where a composed verl config (``ppo_trainer`` and overrides) would bias DPPO's loss;
+    return C = data.train_batch_size × rollout.n, the normaliser the policy loss will divide by."""
+    actor = config.actor_rollout_ref.actor
+    problems = []
+    if actor.policy_loss.loss_mode != POLICY_LOSS:
+        problems.append(f"actor.policy_loss.loss_mode={actor.policy_loss.loss_mode!r}: set {POLICY_LOSS!r}")
+    if actor.loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
+        problems.append(f"actor.loss_agg_mode={actor.loss_agg_mode!r}: one of {SUPPORTED_LOSS_AGG_MODES}")
+    elif actor.loss_agg_mode == "seq-mean-token-sum-norm" and not actor.get("loss_scale_factor"):
+        problems.append("actor.loss_scale_factor: set it (e.g. to data.max_response_length) for "
+                        "seq-mean-token-sum-norm")
+    if actor.ppo_mini_batch_size != config.data.train_batch_size:
+        problems.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}: set it to data.train_batch_size="
+                        f"{config.data.train_batch_size} (one optimizer step per rollout batch, C = |B|·G)")
+    if actor.use_kl_loss:
+        problems.append("actor.use_kl_loss=true: verl adds the KL term unweighted; set it false (use "
+                        "algorithm.use_kl_in_reward for a KL penalty)")
+    if config.algorithm.adv_estimator != ADV_ESTIMATOR:
+        problems.append(f"algorithm.adv_estimator={config.algorithm.adv_estimator!r}: set {ADV_ESTIMATOR!r}")
+    filter_groups = config.algorithm.get("filter_groups")
+    if filter_groups is not None and filter_groups.get("enable", False):
+        problems.append("algorithm.filter_groups.enable=true: DAPO's refill changes the candidate batch B")
+    if problems:
+        raise ValueError("verl config is not unbiased under DPPO's pruning:\n  " + "\n  ".join(problems))
+    if actor.get("entropy_coeff", 0):
+        warnings.warn("actor.entropy_coeff != 0: verl's entropy bonus acts on the kept rows unweighted, outside "
+                      "DPPO's unbiasedness claim", stacklevel=2)
+    return int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)

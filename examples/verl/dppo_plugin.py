@@ -1,0 +1,43 @@
+"""DPPO's estimator for a verl run, and a pre-flight check of the run's config.
+
+Imported by every verl process (``VERL_USE_EXTERNAL_MODULES=dppo_plugin``, this folder on ``PYTHONPATH``): it
+registers dppo_core's policy loss and advantage estimator in verl's registries and installs the estimator below,
+which verl's driver calls once per step (completion pruning; see dppo_core/integrations/verl.py).
+
+Run as a script, it loads the config as verl's ``main_ppo`` would (this folder's dppo_grpo.yaml and the overrides
+given), validates it with verl's ``validate_config`` and with dppo_core's ``check_config``:
+
+    python examples/verl/dppo_plugin.py actor_rollout_ref.model.path=Qwen/Qwen3-4B trainer.n_gpus_per_node=8
+"""
+
+import os
+import sys
+
+from dppo_core.estimator import DPPOEstimator
+from dppo_core.integrations.verl import check_config, install
+
+# G: must equal actor_rollout_ref.rollout.n (the launch command sets both from one variable)
+GROUP_SIZE = int(os.environ.get("DPPO_GROUP_SIZE", "8"))
+
+# Completion pruning: about half of the completions with A != 0 trained (keep probability ∝ |A|, floor 0.1);
+# completions with A = 0 (all-equal groups) are dropped, their loss is identically 0 without a KL loss term.
+ESTIMATOR = DPPOEstimator(seed=0, completion_prune_rate=0.5, min_completion_keep_prob=0.1, beta=0.0)
+install(ESTIMATOR, group_size=GROUP_SIZE)
+
+
+def main(overrides: list[str]) -> None:
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=os.path.dirname(os.path.abspath(__file__)), version_base=None):
+        config = compose("dppo_grpo", overrides=overrides)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    normaliser = check_config(config)
+    if config.actor_rollout_ref.rollout.n != GROUP_SIZE:
+        raise SystemExit(f"rollout.n={config.actor_rollout_ref.rollout.n} but DPPO_GROUP_SIZE={GROUP_SIZE}")
+    print(f"verl config ok for DPPO: C = train_batch_size x n = {normaliser}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
