@@ -29,8 +29,11 @@ every verl process import a module that does, see examples/verl/):
    and the rollout that could drop prompts;
 3. :func:`select_prompts` and :func:`weigh_rollouts`: the same two steps on verl's ``DataProto`` for a driver
    loop that holds the batch (the legacy ``RayPPOTrainer.fit`` or a recipe's own loop): drop prompts before
-   ``generate_sequences``, then after verl's ``compute_advantage`` drop the completions not kept (saving
-   the old/ref log-prob and update passes) and scale the advantages of the rest;
+   ``generate_sequences``, then after verl's ``compute_advantage`` drop the completions not kept and scale
+   the advantages of the rest. verl 0.9.1's ``_update_actor`` does not take such a batch as it is (it cuts
+   mini-batches of ``ppo_mini_batch_size × n`` rows and asserts that every data-parallel shard divides
+   evenly): the loop must pad the kept rows to a multiple of the data-parallel size with zero-mask rows and
+   update on them as one mini-batch with ``global_batch_size`` = C. Not provided or tested here;
 4. :func:`check_config`: refuses a verl config under which the pruned loss would be biased.
 
 Only the loss and its gradient at the parameters of the draw are unbiased (DESIGN.md §4): not AdamW's

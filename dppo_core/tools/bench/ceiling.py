@@ -8,18 +8,26 @@ baseline's training time over the oracle's, computed per seed from the two runs'
 
 - ``groups.jsonl`` (:mod:`dppo_core.grouplog`): the baseline's groups, so which were informative and how many
   tokens they generated;
-- ``metrics.jsonl``: the measured per-phase times, to which the cost model is fitted by least squares:
+- ``metrics.jsonl``: the measured per-phase times, to which the cost model is fitted by least squares over the
+  baseline's and the method's steps together (the same engine rolls out for both, and both pack what they train):
 
-  * rollout s = r0 + r1 · generated tokens, fitted on the baseline's steps (the same engine rolls out for both;
-    r0 holds the per-step part, mostly the decode steps until the longest completion ends, which the oracle
-    still pays: its longest completion is about as long);
-  * update s = u0 + u1 · trained tokens, fitted on the method's steps (its packing and loss);
+  * rollout s = r0 + r1 · generated tokens (r0 holds the per-step part, mostly the decode steps until the
+    longest completion ends, which the oracle still pays: its longest completion is about as long);
+  * update s = u0 + u1 · trained tokens;
   * everything else (reward, prune, pack, sync and the gaps between phases): the method's mean per step.
+
+  Where a fit's R² is under :data:`MIN_R2` (within a run the token counts vary too little to tell r0 from r1: on
+  the CPU bench the rollout's R² is about 0.01), that phase is taken as proportional to its tokens instead
+  (r0 = 0), which can only raise the ceiling (:func:`cost_fit`; ``model`` in each fit says which was used).
 
   The oracle's step s trains κ × the informative tokens of the baseline's step s, κ the method's own trained
   tokens over the tokens of its informative groups (its completion pruning; 1 when it keeps every completion of
   an informative group). Its time is Σ_s r0 + r1 N_s + u0 + u1 κ N_s + other, N_s the informative tokens (a step
   with N_s = 0 pays only ``other``). The fits keep a, b >= 0 (:func:`linear_fit`).
+
+The ceiling is given over the whole run (``speedup``) and, per target, up to the baseline's time to that target
+(``by_target``: the share of informative groups falls as the policy learns, so the two differ); the fraction
+reached divides the measured time-to-target speedup by the ceiling to the same target.
 
 What it leaves out: learning per step is taken as equal (the method's extra variance would only lower what it
 reaches, so the ceiling stays an upper bound for an unbiased method), and the fit's residuals (``r2`` per fit).
@@ -56,6 +64,22 @@ def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     return {"a": float(a), "b": float(b), "r2": 1.0 - float((residual ** 2).sum()) / total if total else 1.0}
 
 
+#: Below this R², a fit's slope is not identified by the runs' steps (their token counts vary too little); the cost
+#: is then taken as proportional to the tokens (:func:`cost_fit`).
+MIN_R2 = 0.5
+
+
+def cost_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
+    """:func:`linear_fit` (``model: "affine"``) when its R² is at least :data:`MIN_R2`; otherwise the time taken as
+    proportional to ``x`` (``model: "proportional"``: a = 0, b = Σy / Σx). The proportional model lets the oracle
+    save every per-step cost too, so it can only raise the ceiling: the ceiling stays an upper bound."""
+    fit = linear_fit(x, y)
+    if fit["r2"] >= MIN_R2:
+        return {**fit, "model": "affine"}
+    total = float(np.sum(x))
+    return {"a": 0.0, "b": float(np.sum(y)) / total if total else 0.0, "r2": fit["r2"], "model": "proportional"}
+
+
 def _steps(metrics: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [m for m in metrics if "step_time" in m and not m.get("skipped")]
 
@@ -67,14 +91,20 @@ def informative_tokens(groups: Sequence[Mapping[str, Any]]) -> dict[int, int]:
 
 
 def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Sequence[Mapping[str, Any]],
-                   method_metrics: Sequence[Mapping[str, Any]], method_groups: Sequence[Mapping[str, Any]]
-                   ) -> dict[str, Any]:
-    """One seed's ceiling of the method over the baseline (the module docstring's model), with its parts."""
+                   method_metrics: Sequence[Mapping[str, Any]], method_groups: Sequence[Mapping[str, Any]],
+                   until: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+    """One seed's ceiling of the method over the baseline (the module docstring's model), with its parts.
+
+    ``speedup`` is over the whole run; ``until`` (name -> a training time of the baseline, e.g. its time to a
+    target) adds ``by_time``: per name, that time over the oracle's time for the same steps of the baseline (the
+    step in progress at that time counted in proportion), None where the time is None.
+    """
     base, steps = _steps(base_metrics), _steps(method_metrics)
     if not base or not steps:
         raise ValueError("the baseline's or the method's metrics.jsonl has no steps")
-    rollout = linear_fit([m["tokens_generated"] for m in base], [m["time_rollout"] for m in base])
-    update = linear_fit([m["tokens_trained"] for m in steps], [m["time_update"] for m in steps])
+    both = [*base, *steps]  # the same engine and packing for both: one fit over their steps
+    rollout = cost_fit([m["tokens_generated"] for m in both], [m["time_rollout"] for m in both])
+    update = cost_fit([m["tokens_trained"] for m in both], [m["time_update"] for m in both])
     other = float(np.mean([m["step_time"] - m["time_rollout"] - m["time_update"] for m in steps]))
     own_informative = sum(informative_tokens(method_groups).values())
     kappa = sum(m["tokens_trained"] for m in steps) / own_informative if own_informative else 1.0
@@ -84,34 +114,66 @@ def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Seque
         raise ValueError(f"the baseline's groups.jsonl has no line for step(s) {missing[:5]}: it and metrics.jsonl "
                          "must come from the same run")
     # a step without an informative group rolls out and trains nothing (the oracle knows), but still pays `other`
-    oracle = sum((rollout["a"] + rollout["b"] * n + update["a"] + update["b"] * kappa * n if n else 0.0) + other
-                 for n in (useful[m["step"]] for m in base))
-    base_time = sum(m["step_time"] for m in base)
-    return {"speedup": base_time / oracle if oracle > 0 else None, "baseline_s": base_time, "oracle_s": oracle,
-            "informative_token_share": sum(useful.values()) / max(1, sum(m["tokens_generated"] for m in base)),
-            "kappa": kappa, "rollout_fit": rollout, "update_fit": update, "other_s_per_step": other}
+    oracle_steps = [(rollout["a"] + rollout["b"] * n + update["a"] + update["b"] * kappa * n if n else 0.0) + other
+                    for n in (useful[m["step"]] for m in base)]
+    base_steps = [m["step_time"] for m in base]
+    oracle, base_time = sum(oracle_steps), sum(base_steps)
+    out = {"speedup": base_time / oracle if oracle > 0 else None, "baseline_s": base_time, "oracle_s": oracle,
+           "informative_token_share": sum(useful.values()) / max(1, sum(m["tokens_generated"] for m in base)),
+           "kappa": kappa, "rollout_fit": rollout, "update_fit": update, "other_s_per_step": other}
+    if until is not None:
+        out["by_time"] = {name: _ratio_until(t, base_steps, oracle_steps) for name, t in until.items()}
+    return out
 
 
-def ceilings(output_dir: str | Path, runs: Mapping[str, Sequence[Mapping[str, Any]]], baselines: Sequence[str],
-             speedups: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per baseline and method, the ceiling over the seeds both ran (mean and per seed) and the fraction of it the
-    measured time-to-target speedups (``speedups``: :func:`~dppo_core.tools.bench.summary.speedups_vs` per
-    baseline) reached, per target. A method without ``groups.jsonl`` (a TRL peer, or a run made before the log
-    existed) gets None with the reason."""
+def _ratio_until(t: float | None, base_steps: Sequence[float], oracle_steps: Sequence[float]) -> float | None:
+    """``t`` over the oracle's time for the baseline steps done by training time ``t``."""
+    if t is None or t <= 0:
+        return None
+    spent = oracle = 0.0
+    for b, o in zip(base_steps, oracle_steps, strict=True):
+        if spent + b >= t:
+            oracle += o * (t - spent) / b if b > 0 else 0.0
+            break
+        spent, oracle = spent + b, oracle + o
+    return t / oracle if oracle > 0 else None
+
+
+def ceilings(groups_dir: str | Path, metrics_dir: str | Path, runs: Mapping[str, Sequence[Mapping[str, Any]]],
+             baselines: Sequence[str], speedups: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per baseline and method, the ceiling over the seeds both ran and the fraction of it reached.
+
+    ``speedup``: over the whole run (mean over seeds, and ``per_seed``); ``by_target``: per target of
+    ``speedups`` (:func:`~dppo_core.tools.bench.summary.speedups_vs` per baseline), the ceiling up to the
+    baseline's time to that target (mean over the seeds where the baseline reached it), and
+    ``fraction_reached``: the measured time-to-target speedup over it. Groups are read from ``groups_dir``'s runs,
+    times from ``metrics_dir``'s (the same directory, or ``--times-from``'s). A method without ``groups.jsonl``
+    (a TRL peer, or a run made before the log existed) gets None with the reason."""
+    from dppo_core.tools.bench.summary import time_to_target
+
     out: dict[str, dict[str, Any]] = {}
     for base in baselines:
         if base not in runs:
             continue
         out[base] = {}
+        targets = {f: t["target"] for f, t in
+                   next(iter(speedups.get(base, {}).values()), {}).get("by_target", {}).items()}
+        curves = {r["seed"]: r["curve"] for r in runs[base]}
         for method, rs in runs.items():
             if method == base:
                 continue
             per_seed, reason = [], None
             for r in rs:
-                b, m = run_dir(output_dir, base, r["seed"]), run_dir(output_dir, method, r["seed"])
+                seed = r["seed"]
+                if seed not in curves:
+                    continue
+                until = {f: time_to_target(curves[seed], target) for f, target in targets.items()}
                 try:
-                    per_seed.append(oracle_ceiling(read_jsonl(b / "metrics.jsonl"), read_groups(b),
-                                                   read_jsonl(m / "metrics.jsonl"), read_groups(m)))
+                    per_seed.append(oracle_ceiling(
+                        read_jsonl(run_dir(metrics_dir, base, seed) / "metrics.jsonl"),
+                        read_groups(run_dir(groups_dir, base, seed)),
+                        read_jsonl(run_dir(metrics_dir, method, seed) / "metrics.jsonl"),
+                        read_groups(run_dir(groups_dir, method, seed)), until))
                 except (FileNotFoundError, ValueError) as exc:
                     reason = str(exc)
                     break
@@ -120,13 +182,19 @@ def ceilings(output_dir: str | Path, runs: Mapping[str, Sequence[Mapping[str, An
             if reason is not None or not per_seed:
                 out[base][method] = {"speedup": None, "why_not": reason or "no seed both ran"}
                 continue
-            ceiling = float(np.mean([c["speedup"] for c in per_seed]))
             measured = speedups.get(base, {}).get(method, {}).get("by_target", {})
+            by_target = {}
+            for f in targets:
+                values = [c["by_time"][f] for c in per_seed if c["by_time"].get(f) is not None]
+                ceiling = float(np.mean(values)) if values else None
+                got = measured.get(f, {}).get("time_to_target")
+                by_target[f] = {"ceiling": ceiling, "n": len(values),
+                                "fraction_reached": got / ceiling if got and ceiling else None}
             out[base][method] = {
-                "speedup": ceiling, "per_seed": [c["speedup"] for c in per_seed],
+                "speedup": float(np.mean([c["speedup"] for c in per_seed])),
+                "per_seed": [c["speedup"] for c in per_seed], "by_target": by_target,
+                "fraction_reached": {f: t["fraction_reached"] for f, t in by_target.items()},
                 "kappa": float(np.mean([c["kappa"] for c in per_seed])),
                 "informative_token_share": float(np.mean([c["informative_token_share"] for c in per_seed])),
-                "fraction_reached": {f: (t["time_to_target"] / ceiling if t.get("time_to_target") else None)
-                                     for f, t in measured.items()},
                 "seeds": per_seed}
     return out
