@@ -19,20 +19,20 @@ def _groups(step, rewards, lengths):
 # the baseline: step 1 rolls out 100 tokens of which 30 in its informative group, step 2 60 of which 50
 BASE_GROUPS = [_groups(1, [[1, 0], [1, 1]], [[10, 20], [30, 40]]), _groups(2, [[0, 0], [0, 1]], [[5, 5], [25, 25]])]
 # its rollout costs exactly 0.1 s + 10 ms per generated token, its update 0.2 s + 10 ms per trained token (the same
-# engine and packing as the method's), and the rest of its steps whatever it costs
+# engine and packing as the method's)
 BASE_METRICS = [{"step": 1, "tokens_generated": 100, "tokens_trained": 30, "time_rollout": 1.1, "time_update": 0.5,
-                 "step_time": 3.0},
+                 "step_time": 1.7},
                 {"step": 2, "tokens_generated": 60, "tokens_trained": 50, "time_rollout": 0.7, "time_update": 0.7,
-                 "step_time": 2.0}]
+                 "step_time": 1.5}]  # and 0.1 s per step elsewhere (reward, pack, gaps)
 # the method: informative tokens 100 and 50, of which it trains 75 and 45 (kappa = 120 / 150 = 0.8); its update
-# costs exactly 0.2 s + 10 ms per trained token, and 0.1 s per step goes elsewhere (reward, pack, gaps)
+# costs exactly 0.2 s + 10 ms per trained token
 METHOD_GROUPS = [_groups(1, [[1, 0]], [[40, 60]]), _groups(2, [[1, 1], [0, 1]], [[7, 7], [20, 30]])]
 METHOD_METRICS = [{"step": 1, "tokens_generated": 100, "tokens_trained": 75, "time_rollout": 1.1, "time_update": 0.95,
                    "step_time": 2.15},
                   {"step": 2, "tokens_generated": 64, "tokens_trained": 45, "time_rollout": 0.74, "time_update": 0.65,
                    "step_time": 1.49}]  # the same engine: its rollout costs what the baseline's does
 # the oracle: step 1 = 0.1 + 0.01*30 + 0.2 + 0.01*0.8*30 + 0.1 = 0.94 s; step 2 = 0.1 + 0.5 + 0.2 + 0.4 + 0.1 = 1.3 s
-CEILING = (3.0 + 2.0) / (0.94 + 1.3)
+CEILING = (1.7 + 1.5) / (0.94 + 1.3)
 
 
 def test_the_ceiling_on_a_synthetic_log_with_a_known_answer():
@@ -102,22 +102,22 @@ def test_bench_json_has_the_ceiling_and_the_fraction_reached(tmp_path):
                                               for s, a in zip((0, 1, 2), accs, strict=True)))
 
     write_run("grpo", BASE_METRICS, BASE_GROUPS, (0.4, 0.5, 0.6))
-    write_run("grpo_skip", BASE_METRICS, BASE_GROUPS, (0.4, 0.5, 0.6))  # reaches 0.57 at 3 + 0.7 * 2 = 4.4 s
+    write_run("grpo_skip", BASE_METRICS, BASE_GROUPS, (0.4, 0.5, 0.6))  # reaches 0.57 at 1.7 + 0.7 * 1.5 = 2.75 s
     write_run("dppo", METHOD_METRICS, METHOD_GROUPS, (0.4, 0.6, 0.6))   # reaches 0.57 at 0.85 * 2.15 = 1.8275 s
     result = bench.summarize_bench(tmp_path, "mine", ("grpo", "grpo_skip", "dppo"), (0,))
     c = result["ceiling"]["grpo_skip"]["dppo"]
     assert c["speedup"] == pytest.approx(CEILING) and c["per_seed"] == [pytest.approx(CEILING)]
     measured = result["speedup_vs"]["grpo_skip"]["dppo"]["by_target"]["0.95"]["time_to_target"]
-    assert measured == pytest.approx(4.4 / 1.8275)
-    # up to grpo_skip's time to the 95% target (4.4 s: step 1 and 0.7 of step 2) the oracle takes 0.94 + 0.7 * 1.3 s;
-    # to the 90% target (0.54, at 3.8 s) 0.94 + 0.4 * 1.3 s
-    assert c["by_target"]["0.95"]["ceiling"] == pytest.approx(4.4 / (0.94 + 0.7 * 1.3))
-    assert c["by_target"]["0.90"]["ceiling"] == pytest.approx(3.8 / (0.94 + 0.4 * 1.3))
-    assert c["fraction_reached"]["0.95"] == pytest.approx(measured / (4.4 / (0.94 + 0.7 * 1.3)))
+    assert measured == pytest.approx(2.75 / 1.8275)
+    # up to grpo_skip's time to the 95% target (2.75 s: step 1 and 0.7 of step 2) the oracle takes 0.94 + 0.7 * 1.3 s;
+    # to the 90% target (0.54, at 2.3 s) 0.94 + 0.4 * 1.3 s
+    assert c["by_target"]["0.95"]["ceiling"] == pytest.approx(2.75 / (0.94 + 0.7 * 1.3))
+    assert c["by_target"]["0.90"]["ceiling"] == pytest.approx(2.3 / (0.94 + 0.4 * 1.3))
+    assert c["fraction_reached"]["0.95"] == pytest.approx(measured / (2.75 / (0.94 + 0.7 * 1.3)))
     assert result["ceiling"]["grpo"]["grpo_skip"]["speedup"] > 1  # grpo_skip over grpo: its uninformative groups
     text = bench.format_markdown(result)
     assert f"| {CEILING:.2f}x ({CEILING:.2f}) |" in text  # the whole run's ceiling, per seed
-    assert f"{4.4 / (0.94 + 0.7 * 1.3):.2f}x, {measured / (4.4 / (0.94 + 0.7 * 1.3)):.0%}" in text
+    assert f"{2.75 / (0.94 + 0.7 * 1.3):.2f}x, {measured / (2.75 / (0.94 + 0.7 * 1.3)):.0%}" in text
     (bench.run_dir(tmp_path, "dppo", 0) / "groups.jsonl").unlink()
     result = bench.summarize_bench(tmp_path, "mine", ("grpo", "grpo_skip", "dppo"), (0,))
     assert result["ceiling"]["grpo_skip"]["dppo"]["speedup"] is None
@@ -140,7 +140,7 @@ def test_a_bench_without_grpo_is_relative_to_grpo_skip(tmp_path):
     result = bench.summarize_bench(tmp_path, "mine", ("grpo_skip", "dppo"), (0,))
     assert result["reference"] == "grpo_skip" and "speedup_vs_grpo" not in result
     assert result["target_accuracy"] == pytest.approx(0.95 * 0.6)
-    assert result["speedup_vs_grpo_skip"]["dppo"]["time_to_target"] == pytest.approx(4.4 / 1.8275)
+    assert result["speedup_vs_grpo_skip"]["dppo"]["time_to_target"] == pytest.approx(2.75 / 1.8275)
     assert result["ceiling"]["grpo_skip"]["dppo"]["speedup"] == pytest.approx(CEILING)
     assert "of grpo_skip's final accuracy" in bench.format_markdown(result)
     assert "speedup over grpo_skip" in bench.format_table(result)

@@ -14,7 +14,8 @@ baseline's training time over the oracle's, computed per seed from the two runs'
   * rollout s = r0 + r1 · generated tokens (r0 holds the per-step part, mostly the decode steps until the
     longest completion ends, which the oracle still pays: its longest completion is about as long);
   * update s = u0 + u1 · trained tokens;
-  * everything else (reward, prune, pack, sync and the gaps between phases): the method's mean per step.
+  * everything else (reward, prune, pack, sync and the gaps between phases): the baseline's mean per step (the
+    oracle runs the baseline's steps, so it keeps their bookkeeping).
 
   Where a fit's R² is under :data:`MIN_R2` (within a run the token counts vary too little to tell r0 from r1: on
   the CPU bench the rollout's R² is about 0.01), that phase is taken as proportional to its tokens instead
@@ -105,7 +106,7 @@ def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Seque
     both = [*base, *steps]  # the same engine and packing for both: one fit over their steps
     rollout = cost_fit([m["tokens_generated"] for m in both], [m["time_rollout"] for m in both])
     update = cost_fit([m["tokens_trained"] for m in both], [m["time_update"] for m in both])
-    other = float(np.mean([m["step_time"] - m["time_rollout"] - m["time_update"] for m in steps]))
+    other = float(np.mean([m["step_time"] - m["time_rollout"] - m["time_update"] for m in base]))
     own_informative = sum(informative_tokens(method_groups).values())
     kappa = sum(m["tokens_trained"] for m in steps) / own_informative if own_informative else 1.0
     useful = informative_tokens(base_groups)
