@@ -234,15 +234,17 @@ def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(
     assert json.loads((tmp_path / "bench.json").read_text())["preset"] == "mine"
 
 
-@pytest.mark.parametrize("preset", ["cpu-full", "cpu-baselines", "cpu-peers"])
-def test_the_readme_results_table_is_generated_from_the_committed_bench_json(preset):
-    """Each marked table of docs/benchmarks.md (moved there from README.md) is format_markdown of
-    benchmarks/results/PRESET/bench.json, with its command (rewrite it with `dppo bench --preset PRESET
-    --output-dir benchmarks/results/PRESET --summarize --readme docs/benchmarks.md`)."""
+@pytest.mark.parametrize("name", ["cpu-full", "cpu-baselines", "cpu-peers", "cpu-batch8", "cpu-own-best"])
+def test_the_readme_results_table_is_generated_from_the_committed_bench_json(name):
+    """Each marked table of docs/benchmarks.md (``bench:NAME``) is format_markdown of
+    benchmarks/results/NAME/bench.json, with its command (rewrite it with `dppo bench --preset PRESET
+    --output-dir benchmarks/results/NAME --summarize --readme docs/benchmarks.md` where NAME is the preset, else
+    with :func:`~dppo_core.tools.bench.update_readme`'s ``name``)."""
     root = Path(__file__).resolve().parents[1]
-    result = json.loads((root / f"benchmarks/results/{preset}/bench.json").read_text())
-    assert result["preset"] == preset and result["command"].startswith(f"dppo bench --preset {preset}")
-    start, end = (m.format(preset=preset) for m in bench.README_MARKERS)
+    result = json.loads((root / f"benchmarks/results/{name}/bench.json").read_text())
+    assert result["command"].startswith(f"dppo bench --preset {result['preset']}")
+    assert f"--output-dir benchmarks/results/{name}" in result["command"]
+    start, end = (m.format(preset=name) for m in bench.README_MARKERS)
     table = (root / "docs" / "benchmarks.md").read_text().split(start)[1].split(end)[0]
     assert table.strip() == bench.format_markdown(result, result["command"])
 

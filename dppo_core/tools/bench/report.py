@@ -376,14 +376,16 @@ def format_intervals(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None) -> bool:
-    """Replace the text between the README's ``bench:PRESET`` markers with :func:`format_markdown`'s table.
+def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None,
+                  name: str | None = None) -> bool:
+    """Replace the text between the README's ``bench:NAME`` markers (``name``, default the result's preset) with
+    :func:`format_markdown`'s table.
 
     Returns whether the file changed. The markers must be there (one pair), so a table is never appended
     somewhere unexpected.
     """
     readme = Path(readme)
-    start, end = (m.format(preset=result["preset"]) for m in README_MARKERS)
+    start, end = (m.format(preset=name or result["preset"]) for m in README_MARKERS)
     text = readme.read_text()
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         raise BenchError(f"{readme} needs one line {start} and, after it, one line {end} around the results table")
