@@ -416,8 +416,9 @@ class DPPOTrainer:
         # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
         adv, weighting = self.weigh_groups(selection, rewards, lens, self.step)
-        self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
-                                        selection.probs, rewards, lens)  # groups.jsonl's line (train() writes it)
+        if c.log_groups:  # groups.jsonl's line (train() writes it)
+            self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
+                                            selection.probs, rewards, lens)
         seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)

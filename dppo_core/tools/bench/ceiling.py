@@ -44,7 +44,7 @@ import numpy as np
 
 from dppo_core.grouplog import informative, read_groups
 from dppo_core.tools.bench.presets import run_dir
-from dppo_core.tools.bench.summary import read_jsonl
+from dppo_core.tools.bench.summary import read_jsonl, time_to_target
 
 
 def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
@@ -150,8 +150,6 @@ def ceilings(groups_dir: str | Path, metrics_dir: str | Path, runs: Mapping[str,
     ``fraction_reached``: the measured time-to-target speedup over it. Groups are read from ``groups_dir``'s runs,
     times from ``metrics_dir``'s (the same directory, or ``--times-from``'s). A method without ``groups.jsonl``
     (a TRL peer, or a run made before the log existed) gets None with the reason."""
-    from dppo_core.tools.bench.summary import time_to_target
-
     out: dict[str, dict[str, Any]] = {}
     for base in baselines:
         if base not in runs:
