@@ -442,9 +442,10 @@ def test_a_directory_that_holds_a_run_is_refused_moved_aside_or_resumed(finished
     out = tmp_path / "run"
     shutil.copytree(finished_run, out)
     before = _snapshot(out)
-    with pytest.raises(RunExistsError, match=r"holds a run \(config.json, metrics.jsonl, eval.jsonl, groups.jsonl, \.\.\.\); "
-                                             r"continue it with --resume, or pass --overwrite to move it to "
-                                             r"run.previous-1 first.*Nothing was changed"):
+    refusal = (r"holds a run \(config.json, metrics.jsonl, eval.jsonl, groups.jsonl, \.\.\.\); "
+               r"continue it with --resume, or pass --overwrite to move it to run.previous-1 first"
+               r".*Nothing was changed")
+    with pytest.raises(RunExistsError, match=refusal):
         _trainer(_config(small_model_dir, out, eval_levels=(2,))).train()
     assert _snapshot(out) == before
     _trainer(_config(small_model_dir, out, eval_levels=(2,))).train(overwrite=True)  # the earlier run moves aside
