@@ -35,13 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
 from dppo_core.tools.bench import bench_preset, method_config, read_jsonl, run_dir, run_method, summarize_run
 from dppo_core.tools.bench.presets import resolve_model_keyword
 from dppo_core.tools.bench.summary import accuracy_at_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_lr import score  # noqa: E402  (the same score as the rate tuning: one rule)
 
 BASE_BATCH, BASE_STEPS, BASE_EVAL = 32, 60, 10
 
@@ -57,11 +59,6 @@ def overrides(batch: int, lr: float) -> list[str]:
                          "every run is evaluated at the same numbers of prompts seen")
     return [f"prompts_per_step={batch}", f"max_steps={BASE_BATCH * BASE_STEPS // batch}",
             f"eval_steps={BASE_BATCH * BASE_EVAL // batch}", f"learning_rate={lr:g}"]
-
-
-def score(curve: list[dict]) -> float:
-    """Mean sampled accuracy over the evaluations after step 0."""
-    return statistics.fmean(p["sampled_accuracy"] for p in curve if p["step"] > 0)
 
 
 def mean_accuracy_over_time(curve: list[dict], horizon: float, points: int = 200) -> float:
