@@ -343,8 +343,3 @@ def test_recipe_config_passes_verls_validation_and_ours():
 def test_check_config_refuses_biased_settings(override, message):
     with pytest.raises(ValueError, match=message):
         dv.check_config(recipe_config(override))
-
-
-def test_install_refuses_prompt_pruning():
-    with pytest.raises(ValueError, match="select_prompts"):
-        dv.install(DPPOEstimator(prompt_prune_rate=0.5), group_size=G)

@@ -24,16 +24,15 @@ every verl process import a module that does, see examples/verl/):
    positively homogeneous in A (its clipping, dual clip included, reads only A's sign), so this is exact;
 2. the advantage estimator :data:`ADV_ESTIMATOR` (``algorithm.adv_estimator``): verl's own GRPO outcome
    advantage over whole groups, then the :func:`install`-ed estimator's ``weigh`` on them: kept rows get
-   A·w, dropped rows A = 0 (masked: their loss and gradient are exactly 0, but verl's v1 trainer still runs
-   them through the update). Completion pruning only: verl's v1 trainer has no hook between its dataloader
-   and the rollout that could drop prompts;
-3. :func:`select_prompts` and :func:`weigh_rollouts`: the same two steps on verl's ``DataProto`` for a driver
-   loop that holds the batch (the legacy ``RayPPOTrainer.fit`` or a recipe's own loop): drop prompts before
-   ``generate_sequences``, then after verl's ``compute_advantage`` drop the completions not kept and scale
-   the advantages of the rest. verl 0.9.1's ``_update_actor`` does not take such a batch as it is (it cuts
-   mini-batches of ``ppo_mini_batch_size × n`` rows and asserts that every data-parallel shard divides
-   evenly): the loop must pad the kept rows to a multiple of the data-parallel size with zero-mask rows and
-   update on them as one mini-batch with ``global_batch_size`` = C. Not provided or tested here;
+   A·w, dropped rows A = 0 (masked: their loss and gradient are exactly 0, but verl still runs them through
+   the update, so completion pruning saves no compute on verl). Under verl's stock ``sync`` trainer it prunes
+   completions only;
+3. prompt pruning before rollout: :func:`select_prompt_rows`, which
+   :class:`dppo_core.integrations.verl_trainer.DPPOSyncTrainer` (``trainer.v1.trainer_mode`` =
+   :data:`TRAINER_MODE`, registered in verl's trainer registry) calls on each step's candidates. It records
+   each kept prompt's π_q under verl's uid, and :data:`ADV_ESTIMATOR` weighs those groups with it and updates
+   the prompt history. :func:`select_prompts` and :func:`weigh_rollouts` are the same two steps on a
+   ``DataProto``, for a driver loop of one's own;
 4. :func:`check_config`: refuses a verl config under which the pruned loss would be biased.
 
 Only the loss and its gradient at the parameters of the draw are unbiased (DESIGN.md §4): not AdamW's
@@ -47,8 +46,9 @@ parameters depend on the draw. Departures from verl's GRPO, and why:
    before any pruning.
 3. ``algorithm.filter_groups`` (DAPO's dynamic sampling) is refused: it refills the batch, which changes B.
 4. The entropy bonus (``entropy_coeff``) acts on the rows present, unweighted: outside the claim (a warning).
-5. The :data:`ADV_ESTIMATOR` path counts its own steps (one per call): the draws of step s are a function of
-   (seed, s) as in our trainer, but the count restarts at 0 when verl resumes from a checkpoint.
+5. Under verl's stock trainer the :data:`ADV_ESTIMATOR` path counts its own steps (one per call), and the count
+   restarts at 0 when verl resumes. Under :data:`TRAINER_MODE` the step is verl's global step and the prompt
+   history is saved with verl's checkpoints, so a resumed run draws as an uninterrupted one would.
 
 Written against verl==0.9.1 (``verl.protocol.DataProto``, ``verl.trainer.ppo.core_algos``); imports only
 the torch-level part of dppo_core (estimator, pruning, history, grpo, config), so it runs beside verl's pins.
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,11 +72,14 @@ except ImportError as exc:  # verl is not a dependency of dppo_core
 
 from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
 
-__all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "check_config", "dynamic_pruning_advantage",
-           "dynamic_pruning_policy_loss", "install", "select_prompts", "weigh_rollouts"]
+__all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "TRAINER_MODE", "check_config",
+           "dynamic_pruning_advantage", "dynamic_pruning_policy_loss", "install", "select_prompt_rows",
+           "select_prompts", "weigh_rollouts"]
 
 POLICY_LOSS = "dynamic_pruning"
 ADV_ESTIMATOR = "grpo_dynamic_pruning"
+#: ``trainer.v1.trainer_mode`` of :class:`dppo_core.integrations.verl_trainer.DPPOSyncTrainer` (prompt pruning)
+TRAINER_MODE = "dppo_sync"
 #: verl's ``loss_agg_mode`` values with a per-sequence loss, aggregated here over the fixed C
 SUPPORTED_LOSS_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum-norm")
 PROMPT_PROB = "dppo_prompt_prob"  # non-tensor column: π_q of the row's prompt (select_prompts)
@@ -237,20 +240,94 @@ def weigh_rollouts(batch: DataProto, estimator: Estimator, step: int, *, id_key:
 class _Installed:
     estimator: Estimator | None = None
     group_size: int | None = None
-    step: int = 0
+    step: int = 0  # the next draw's step (verl's own trainer: counted here, one per advantage call)
+    #: the prompts :func:`select_prompt_rows` sent to rollout and whose advantages are not yet computed:
+    #: verl's uid of the prompt -> (the prompt's id in the history, π_q)
+    selected: dict[str, tuple[str, float]] = field(default_factory=dict)
+    window: int = 0  # |B| of the step that selected them
+    selected_step: int = 0  # that step (verl's global step)
 
 
 _INSTALLED = _Installed()
 
 
+def prunes_prompts(estimator: Estimator | None) -> bool:
+    return isinstance(estimator, PromptPruning) and estimator.prompt_prune_rate > 0
+
+
 def install(estimator: Estimator, group_size: int, step: int = 0) -> None:
     """Make :data:`ADV_ESTIMATOR` weigh with ``estimator`` (in the process that computes advantages: verl's
-    driver); ``group_size`` is ``rollout.n``; ``step`` the count of draws so far."""
-    if isinstance(estimator, PromptPruning) and estimator.prompt_prune_rate > 0:
-        raise ValueError(f"{ADV_ESTIMATOR!r} prunes completions only (prompt_prune_rate="
-                         f"{estimator.prompt_prune_rate}): prompts are pruned before rollout, by select_prompts in "
-                         "a driver loop that holds the batch")
+    driver); ``group_size`` is ``rollout.n``; ``step`` the count of draws so far (verl's own trainer; under
+    :data:`TRAINER_MODE` the step is verl's global step). An estimator that prunes prompts needs
+    :data:`TRAINER_MODE` (:func:`check_config` says so); dense prompts are refused: verl's dataloader hands
+    the trainer a fixed number of candidates per step."""
+    if isinstance(estimator, PromptPruning) and estimator.dense_prompts:
+        raise ValueError("dense_prompts on verl: its dataloader yields a fixed data.train_batch_size candidates per "
+                         "step, so the window cannot look ahead; set dense_prompts false")
     _INSTALLED.estimator, _INSTALLED.group_size, _INSTALLED.step = estimator, group_size, step
+    _INSTALLED.selected, _INSTALLED.window = {}, 0
+
+
+def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bool = False) -> Any:
+    """Before rollout, on verl's v1 trainer (:data:`TRAINER_MODE`): the rows of ``batch`` (a ``TensorDict`` of
+    candidate prompts with verl's ``uid`` and ``id_key`` columns, as ``PPOTrainer._next_train_batch`` returns it)
+    to roll out, drawn by the :func:`install`-ed estimator at ``step`` (verl's global step). Each kept prompt's
+    π_q is recorded under its uid for :data:`ADV_ESTIMATOR`, which weighs its group once rolled out.
+    ``full``: keep every row with π = 1 and record them in the current step (verl's refill of failed groups)."""
+    from verl.utils import tensordict_utils as tu  # type: ignore[import-not-found, unused-ignore]
+
+    estimator = _INSTALLED.estimator
+    if estimator is None:
+        raise ValueError("select_prompt_rows: no estimator installed (dppo_core.integrations.verl.install)")
+    for key in ("uid", id_key):
+        if key not in batch.keys():
+            raise ValueError(f"DPPO on verl: the candidate batch has no column {key!r} "
+                             f"(columns: {sorted(batch.keys())})")
+    uids = [str(u) for u in batch["uid"]]
+    ids = [str(i) for i in batch[id_key]]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch ({ids[:8]}...); "
+                         "give every dataset row a distinct extra_info.index")
+    if full:
+        for uid, pid in zip(uids, ids, strict=True):
+            _INSTALLED.selected[uid] = (pid, 1.0)
+        return batch
+    selection = estimator.select(ids, step, size=len(ids))
+    if not selection.indices:
+        raise RuntimeError(f"DPPO on verl: step {step} drew none of its {len(ids)} candidate prompts (each kept with "
+                           f"probability >= {float(selection.probs.min()) if len(selection.probs) else 0:.3g}); raise "
+                           "min_prompt_keep_prob or data.train_batch_size. The run resumes from its last checkpoint")
+    # added to, not replaced: a group verl's replay buffer holds over to a later step keeps its own π_q
+    _INSTALLED.selected.update({uids[j]: (ids[j], float(p)) for j, p in zip(selection.indices,
+                                                                           selection.probs.tolist(), strict=True)})
+    _INSTALLED.window, _INSTALLED.selected_step = selection.window, step
+    if len(selection.indices) == len(ids):
+        return batch
+    return tu.index_select_tensor_dict(batch, torch.tensor(selection.indices, dtype=torch.long))
+
+
+def _weigh_selected(advantages: torch.Tensor, rewards: torch.Tensor, response_mask: torch.Tensor,
+                    groups: dict[Any, list[int]], estimator: Estimator) -> torch.Tensor:
+    """The factor of each row (rows,) for groups that :func:`select_prompt_rows` sent to rollout: w where kept,
+    0 where dropped; 1 for other rows (verl's padding), whose advantages must be 0. Updates the history."""
+    adv = _row_advantages(advantages, response_mask)
+    chosen = {k: rows for k, rows in groups.items() if str(k) in _INSTALLED.selected}
+    others = [r for k, rows in groups.items() if k not in chosen for r in rows]
+    if others and adv[others].abs().sum() > 0:
+        raise ValueError(f"{ADV_ESTIMATOR!r}: {len(others)} rows with non-zero advantages belong to no prompt that "
+                         "select_prompt_rows sent to rollout (is trainer.v1.trainer_mode "
+                         f"{TRAINER_MODE!r}?)")
+    _check_group_sizes(chosen, _INSTALLED.group_size)
+    entries = [_INSTALLED.selected.pop(str(k)) for k in chosen]
+    step = _INSTALLED.selected_step
+    selection = Selection(list(range(len(chosen))), torch.tensor([p for _, p in entries], dtype=torch.float64),
+                          _INSTALLED.window)
+    out = weigh_rows(adv, chosen, estimator, step, selection, response_mask.sum(-1))
+    rows = torch.tensor(list(chosen.values()), dtype=torch.long)
+    estimator.observe([pid for pid, _ in entries], rewards.to(torch.float64)[rows], adv[rows], step)
+    factor = out.weights.clone()
+    factor[others] = 1.0
+    return factor
 
 
 @core_algos.register_adv_est(ADV_ESTIMATOR)
@@ -267,8 +344,16 @@ def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: 
     estimator, g = _INSTALLED.estimator, _INSTALLED.group_size
     if estimator is None:
         return advantages, advantages
-    adv = _row_advantages(advantages, response_mask)
     groups = _groups(list(index))
+    if any(str(k) in _INSTALLED.selected for k in groups):  # verl's v1 trainer under TRAINER_MODE
+        factor = _weigh_selected(advantages, token_level_rewards.sum(-1), response_mask, groups, estimator)
+        scaled = advantages * factor.to(advantages.dtype)[:, None]
+        return scaled, scaled
+    if prunes_prompts(estimator):
+        raise ValueError(f"{ADV_ESTIMATOR!r}: the installed estimator prunes prompts, which needs "
+                         f"trainer.v1.trainer_mode={TRAINER_MODE} (dppo_core.integrations.verl_trainer) to draw them "
+                         "before rollout; none of this batch's groups was drawn there")
+    adv = _row_advantages(advantages, response_mask)
     padding = {k: rows for k, rows in groups.items() if len(rows) != g}
     if any(adv[rows].abs().sum() > 0 for rows in padding.values()):
         raise ValueError(f"{ADV_ESTIMATOR!r}: groups of sizes {sorted({len(r) for r in padding.values()})} with "
@@ -286,11 +371,21 @@ def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: 
 
 
 # --- the config rules -------------------------------------------------------------------------------------
-def check_config(config: Any) -> int:
-    """Raise ValueError where a composed verl config (``ppo_trainer`` and overrides) would bias DPPO's loss;
-    return C = data.train_batch_size × rollout.n, the normaliser the policy loss will divide by."""
+def check_config(config: Any, estimator: Estimator | None = None) -> int:
+    """Raise ValueError where a composed verl config (``ppo_trainer`` and overrides) would bias DPPO's loss
+    with ``estimator`` (default: the :func:`install`-ed one); return C = data.train_batch_size × rollout.n, the
+    normaliser the policy loss will divide by."""
     actor = config.actor_rollout_ref.actor
+    estimator = _INSTALLED.estimator if estimator is None else estimator
+    trainer = config.trainer
+    mode = trainer.v1.trainer_mode if trainer.get("use_v1", True) else "legacy (trainer.use_v1=false)"
     problems = []
+    if prunes_prompts(estimator) and mode != TRAINER_MODE:
+        problems.append(f"trainer.v1.trainer_mode={mode}: the estimator prunes prompts, which needs "
+                        f"trainer.v1.trainer_mode={TRAINER_MODE} (import dppo_core.integrations.verl_trainer)")
+    if mode == TRAINER_MODE and trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
+        problems.append("trainer.v1.sync.parameter_sync_step: DPPO draws once per step (its trainer runs as verl's "
+                        "sync trainer and reads that setting); leave it 1")
     if actor.policy_loss.loss_mode != POLICY_LOSS:
         problems.append(f"actor.policy_loss.loss_mode={actor.policy_loss.loss_mode!r}: set {POLICY_LOSS!r}")
     if actor.loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
