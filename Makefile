@@ -76,7 +76,7 @@ test-verl:
 		$(VERL_PY) -m pip install -q torch==2.13.0+cpu --index-url $(TORCH_CPU_INDEX)
 	$(VERL_PY) -m pip install -q -c tests_verl/constraints.txt -r tests_verl/requirements.txt
 	$(VERL_PY) -m pip install -q --no-deps -e .
-	$(VERL_PY) -m pytest tests_verl -p no:cacheprovider
+	DPPO_REQUIRE_VERL_TRAINER=1 $(VERL_PY) -m pytest tests_verl -p no:cacheprovider
 
 # The wheel and sdist (dist/): what `pip install "dist/dppo_core-<version>-py3-none-any.whl[course]"` installs.
 dist: setup

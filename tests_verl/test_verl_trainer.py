@@ -1,9 +1,10 @@
 """dppo_core.integrations.verl_trainer: DPPO's prompt draw on verl's v1 synchronous trainer, on CPU.
 
-verl's real code runs where it can without Ray, TransferQueue servers or GPUs: its trainer registry, its
-``PPOTrainer._next_train_batch`` (the dataloader fetch, the uids, the TensorDict), its dataset collate, its v1
-advantage path (``compute_advantage_for_multi_trajectories`` and the registry), its policy loss. The trainer is
-built without ``__init__`` (which starts Ray workers) and given the attributes those methods read.
+verl's real code runs where it can without Ray, TransferQueue servers or GPUs: its trainer registry and
+constructor, its ``PPOTrainer._next_train_batch`` (the dataloader fetch, the uids, the TensorDict), its dataset
+collate, its v1 advantage path (``compute_advantage_for_multi_trajectories`` and the registry), its policy loss.
+Most tests build the trainer without ``__init__`` and give it the attributes those methods read (``init()``, which
+starts the Ray workers and rollout servers, is never called).
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("transfer_queue", reason="verl's v1 trainer needs TransferQueue: `make test-verl` installs it")
+if os.environ.get("DPPO_REQUIRE_VERL_TRAINER"):  # make test-verl: a missing TransferQueue fails, never skips
+    import transfer_queue  # noqa: F401
+else:
+    pytest.importorskip("transfer_queue", reason="verl's v1 trainer needs TransferQueue: `make test-verl` has it")
 
 from test_verl_integration import (  # noqa: E402
     DRAWS,
@@ -49,6 +54,7 @@ def _no_installed_estimator():
     yield
     dv._INSTALLED.estimator = None
     dv._INSTALLED.selected = {}
+    dv._INSTALLED.failed_groups = dv._INSTALLED.lost_groups = 0
 
 
 def dataset(n: int = P) -> list[dict]:
@@ -74,14 +80,31 @@ def trainer(step: int = 1, tmp_path=None, *overrides: str) -> vt.DPPOSyncTrainer
     return t
 
 
-def test_registered_as_verls_sync_trainer_under_its_own_mode():
+def test_registered_and_built_as_verls_sync_trainer_under_its_own_mode():
+    """verl's registry returns it; verl's constructor, run for real, builds the sync trainer's replay buffer."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
     assert get_trainer_cls(dv.TRAINER_MODE) is vt.DPPOSyncTrainer
     assert issubclass(vt.DPPOSyncTrainer, PPOTrainerSync)
-    t = trainer()
-    t.trainer_mode = dv.TRAINER_MODE  # what verl's __init__ assigns from the config
-    assert t.trainer_mode == "sync"  # verl's branches on the mode take the sync path
+    config = small_config()
+    assert config.trainer.v1.trainer_mode == dv.TRAINER_MODE
+    with pytest.raises(ValueError, match="estimator installed"):
+        vt.DPPOSyncTrainer(config)
+    dv.install(base_estimator(), group_size=G)
+    t = vt.DPPOSyncTrainer(config)
+    assert t.trainer_mode == "sync" and t.parameter_sync_step == 1  # verl's branches on the mode take sync's path
+    assert type(t.replay_buffer) is ReplayBuffer and t.replay_buffer.trainer_mode == "sync"
     with pytest.raises(ValueError, match="dppo_sync"):
         t.trainer_mode = "separate_async"
+
+
+def test_the_config_is_checked_when_the_trainer_is_built():
+    dv.install(base_estimator(), group_size=G)
+    for override, message in [("actor_rollout_ref.actor.ppo_mini_batch_size=2", "ppo_mini_batch_size"),
+                              ("trainer.v1.sampler.custom_sampler.path=x.py", "custom_sampler"),
+                              ("skip.rollout_tq.enable=true", "rollout_tq")]:
+        with pytest.raises(ValueError, match=message):
+            vt.DPPOSyncTrainer(small_config(override))
 
 
 def test_next_train_batch_rolls_out_the_drawn_prompts():
@@ -215,17 +238,21 @@ def test_pruned_loss_and_gradient_through_the_trainer_are_unbiased(monkeypatch):
 
 
 def test_the_trainer_check_catches_a_ten_percent_error_in_the_prompt_weights(monkeypatch):
-    """Companion: every π_q < 1 recorded 10% too large puts T² above the same limit (measured: 32)."""
+    """Companion: every π_q < 1 recorded 1.1 times too small (its weight 1/π_q 10% too large) puts T² above the
+    same limit (measured: 32)."""
     assert trainer_monte_carlo(monkeypatch, prompt_weight_error=1.10) > T2_LIMIT
 
 
 def test_the_prompt_history_is_checkpointed_beside_verls(monkeypatch, tmp_path):
-    monkeypatch.setattr(trainer_base.PPOTrainer, "_save_checkpoint", lambda self: None)
+    path = tmp_path / "global_step_12" / vt.HISTORY_FILE
+    found_by_verls_save = []
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_save_checkpoint",
+                        lambda self: found_by_verls_save.append(path.exists()))
     est = base_estimator()
     dv.install(est, group_size=G)
     t = trainer(12, tmp_path)
     t._save_checkpoint()
-    path = tmp_path / "global_step_12" / vt.HISTORY_FILE
+    assert found_by_verls_save == [True]  # written before verl marks the folder as its latest checkpoint
     assert json.loads(path.read_text()) == est.state_dict()
     assert not list(path.parent.glob("*.tmp"))
 
@@ -239,6 +266,33 @@ def test_the_prompt_history_is_checkpointed_beside_verls(monkeypatch, tmp_path):
     t = trainer(0, tmp_path, "trainer.resume_mode=auto")
     t._load_checkpoint()
     assert fresh.history.state_dict() == est.history.state_dict()
+
+
+def test_a_group_with_failed_sessions_is_dropped_and_counted():
+    """verl keeps a group some of whose sessions failed: it is dropped whole (factor 0), warned about and counted;
+    the other groups are weighed as usual, and the groups that never came back are counted at the next draw."""
+    fixed = fixed_rollouts(9)
+    est = base_estimator(completion_prune_rate=0.0)
+    dv.install(est, group_size=G)
+    kept = trainer(2)._next_train_batch()
+    assert len(kept) >= 2, "the test needs two drawn prompts at this step"
+    data, keys = rollout(kept, fixed)
+    uids = data.non_tensor_batch["uid"]
+    short, gone = str(kept["uid"][0]), str(kept["uid"][-1])
+    first_short = int(np.flatnonzero(uids == short)[0])
+    keep = [r for r in range(len(data)) if r != first_short and uids[r] != gone]
+    data = data.select_idxs(torch.tensor(keep))
+    with pytest.warns(UserWarning, match="came back with \\[3\\] completions"):
+        data = compute_advantage_for_multi_trajectories(data, [keys[r] for r in keep], dv.ADV_ESTIMATOR, num_repeat=G,
+                                                        config={"norm_adv_by_std_in_grpo": True})
+    uids = data.non_tensor_batch["uid"]
+    assert (data.batch["advantages"][uids == short] == 0).all()
+    assert dv._INSTALLED.failed_groups == 1 and short not in dv._INSTALLED.selected
+    assert str(kept["index"][0]) not in {p for p, r in est.history.records.items() if r.step == 2}
+    assert list(dv._INSTALLED.selected) == [gone]
+    with pytest.warns(UserWarning, match="1 prompt groups drawn before step 3 never came back"):
+        trainer(3)._next_train_batch()
+    assert dv._INSTALLED.lost_groups == 1 and gone not in dv._INSTALLED.selected
 
 
 def test_stock_trainer_refuses_prompt_pruning():

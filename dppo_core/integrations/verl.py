@@ -246,6 +246,8 @@ class _Installed:
     selected: dict[str, tuple[str, float]] = field(default_factory=dict)
     window: int = 0  # |B| of the step that selected them
     selected_step: int = 0  # that step (verl's global step)
+    failed_groups: int = 0  # drawn groups that came back with fewer than G completions (dropped), so far
+    lost_groups: int = 0  # drawn groups that never came back (no row at all), so far
 
 
 _INSTALLED = _Installed()
@@ -292,14 +294,21 @@ def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bo
         for uid, pid in zip(uids, ids, strict=True):
             _INSTALLED.selected[uid] = (pid, 1.0)
         return batch
+    if _INSTALLED.selected:  # verl's sync trainer consumes every group of a step within it: these never came back
+        _INSTALLED.lost_groups += len(_INSTALLED.selected)
+        warnings.warn(f"DPPO on verl: {len(_INSTALLED.selected)} prompt groups drawn before step {step} never came "
+                      "back from rollout; their terms are missing from that step's estimate", stacklevel=2)
+        _INSTALLED.selected = {}
     selection = estimator.select(ids, step, size=len(ids))
     if not selection.indices:
-        raise RuntimeError(f"DPPO on verl: step {step} drew none of its {len(ids)} candidate prompts (each kept with "
-                           f"probability >= {float(selection.probs.min()) if len(selection.probs) else 0:.3g}); raise "
-                           "min_prompt_keep_prob or data.train_batch_size. The run resumes from its last checkpoint")
-    # added to, not replaced: a group verl's replay buffer holds over to a later step keeps its own π_q
-    _INSTALLED.selected.update({uids[j]: (ids[j], float(p)) for j, p in zip(selection.indices,
-                                                                           selection.probs.tolist(), strict=True)})
+        probs = estimator.prompt_probs(ids, step) if isinstance(estimator, PromptPruning) else torch.ones(1)
+        raise RuntimeError(f"DPPO on verl: step {step} drew none of its {len(ids)} candidate prompts (keep "
+                           f"probabilities {float(probs.min()):.3g} to {float(probs.max()):.3g}). The draw is a "
+                           "function of the seed, the step and the history, so a resume repeats it: raise "
+                           "min_prompt_keep_prob or data.train_batch_size, or set fixed_size_sampling (which keeps "
+                           "about the sum of the probabilities every step)")
+    _INSTALLED.selected = {uids[j]: (ids[j], float(p)) for j, p in zip(selection.indices, selection.probs.tolist(),
+                                                                       strict=True)}
     _INSTALLED.window, _INSTALLED.selected_step = selection.window, step
     if len(selection.indices) == len(ids):
         return batch
@@ -309,24 +318,35 @@ def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bo
 def _weigh_selected(advantages: torch.Tensor, rewards: torch.Tensor, response_mask: torch.Tensor,
                     groups: dict[Any, list[int]], estimator: Estimator) -> torch.Tensor:
     """The factor of each row (rows,) for groups that :func:`select_prompt_rows` sent to rollout: w where kept,
-    0 where dropped; 1 for other rows (verl's padding), whose advantages must be 0. Updates the history."""
+    0 where dropped; 1 for other rows (verl's padding), whose advantages must be 0. A drawn group that came back
+    with fewer than G completions (verl keeps a group some of whose sessions failed) is dropped whole, counted
+    and warned about: its term is missing from the estimate, as an all-failed group's is. Updates the history."""
     adv = _row_advantages(advantages, response_mask)
-    chosen = {k: rows for k, rows in groups.items() if str(k) in _INSTALLED.selected}
-    others = [r for k, rows in groups.items() if k not in chosen for r in rows]
+    drawn = {k: rows for k, rows in groups.items() if str(k) in _INSTALLED.selected}
+    others = [r for k, rows in groups.items() if k not in drawn for r in rows]
     if others and adv[others].abs().sum() > 0:
         raise ValueError(f"{ADV_ESTIMATOR!r}: {len(others)} rows with non-zero advantages belong to no prompt that "
                          "select_prompt_rows sent to rollout (is trainer.v1.trainer_mode "
                          f"{TRAINER_MODE!r}?)")
-    _check_group_sizes(chosen, _INSTALLED.group_size)
-    entries = [_INSTALLED.selected.pop(str(k)) for k in chosen]
-    step = _INSTALLED.selected_step
-    selection = Selection(list(range(len(chosen))), torch.tensor([p for _, p in entries], dtype=torch.float64),
-                          _INSTALLED.window)
-    out = weigh_rows(adv, chosen, estimator, step, selection, response_mask.sum(-1))
-    rows = torch.tensor(list(chosen.values()), dtype=torch.long)
-    estimator.observe([pid for pid, _ in entries], rewards.to(torch.float64)[rows], adv[rows], step)
-    factor = out.weights.clone()
+    entries = {k: _INSTALLED.selected.pop(str(k)) for k in drawn}
+    chosen = {k: rows for k, rows in drawn.items() if len(rows) == _INSTALLED.group_size}
+    if len(chosen) < len(drawn):
+        _INSTALLED.failed_groups += len(drawn) - len(chosen)
+        sizes = sorted({len(rows) for k, rows in drawn.items() if k not in chosen})
+        warnings.warn(f"DPPO on verl: {len(drawn) - len(chosen)} drawn groups came back with {sizes} completions "
+                      f"instead of {_INSTALLED.group_size} (failed rollouts); dropped from this step's estimate",
+                      stacklevel=2)
+    factor = torch.zeros(adv.shape[0], dtype=torch.float64)
     factor[others] = 1.0
+    if chosen:
+        step = _INSTALLED.selected_step
+        selection = Selection(list(range(len(chosen))), torch.tensor([entries[k][1] for k in chosen],
+                              dtype=torch.float64), _INSTALLED.window)
+        out = weigh_rows(adv, chosen, estimator, step, selection, response_mask.sum(-1))
+        rows = torch.tensor(list(chosen.values()), dtype=torch.long)
+        estimator.observe([entries[k][0] for k in chosen], rewards.to(torch.float64)[rows], adv[rows], step)
+        kept_rows = rows.flatten()
+        factor[kept_rows] = out.weights[kept_rows]
     return factor
 
 
@@ -383,9 +403,17 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     if prunes_prompts(estimator) and mode != TRAINER_MODE:
         problems.append(f"trainer.v1.trainer_mode={mode}: the estimator prunes prompts, which needs "
                         f"trainer.v1.trainer_mode={TRAINER_MODE} (import dppo_core.integrations.verl_trainer)")
-    if mode == TRAINER_MODE and trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
-        problems.append("trainer.v1.sync.parameter_sync_step: DPPO draws once per step (its trainer runs as verl's "
-                        "sync trainer and reads that setting); leave it 1")
+    if mode == TRAINER_MODE:
+        if trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
+            problems.append("trainer.v1.sync.parameter_sync_step: DPPO draws once per step (its trainer runs as "
+                            "verl's sync trainer and reads that setting); leave it 1")
+        sampler = trainer.v1.get("sampler", {})
+        if (sampler.get("custom_sampler") or {}).get("path"):
+            problems.append("trainer.v1.sampler.custom_sampler: DPPO's trainer needs verl's own replay buffer, which "
+                            "waits for the drawn prompts' groups only")
+        skip = config.get("skip") or {}
+        if (skip.get("rollout_tq") or {}).get("enable", False):
+            problems.append("skip.rollout_tq.enable: cached rollouts bypass DPPO's draw")
     if actor.policy_loss.loss_mode != POLICY_LOSS:
         problems.append(f"actor.policy_loss.loss_mode={actor.policy_loss.loss_mode!r}: set {POLICY_LOSS!r}")
     if actor.loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
@@ -406,6 +434,9 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
         problems.append("algorithm.filter_groups.enable=true: DAPO's refill changes the candidate batch B")
     if problems:
         raise ValueError("verl config is not unbiased under DPPO's pruning:\n  " + "\n  ".join(problems))
+    if mode == TRAINER_MODE and trainer.v1.get("sampler", {}).get("sync_refill_failed_groups", False):
+        warnings.warn("trainer.v1.sampler.sync_refill_failed_groups: refilled prompts are rolled out whole (π = 1) "
+                      "on top of the window, outside DPPO's unbiasedness claim", stacklevel=2)
     if actor.get("entropy_coeff", 0):
         warnings.warn("actor.entropy_coeff != 0: verl's entropy bonus acts on the kept rows unweighted, outside "
                       "DPPO's unbiasedness claim", stacklevel=2)

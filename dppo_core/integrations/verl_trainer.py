@@ -9,23 +9,29 @@ It is verl's synchronous trainer, unchanged but for three points:
    (:func:`~dppo_core.integrations.verl.select_prompt_rows`, seeded by verl's global step) and sends only
    the kept prompts to rollout. ``_step_once`` then waits for the kept count instead of the whole batch.
    verl's ``_balance_batch`` pads the rolled-out rows up to a multiple of ``ppo_mini_batch_size × n``
-   with its minimal no-op sequences (a few tokens, zero loss mask), so the pruned prompts cost no
-   rollout and almost no log-prob or update compute.
+   with its no-op sequences (128 tokens each, zero loss mask), so a pruned prompt costs no rollout and,
+   in the log-prob and update passes, G short rows instead of its completions.
 2. **Completions are weighed in the advantages.** The advantage estimator
    :data:`~dppo_core.integrations.verl.ADV_ESTIMATOR` gives each kept completion A·1/(π_q p_qi) and each
    dropped one A = 0, with the normaliser C = ``data.train_batch_size × n`` in the policy loss. It updates
    the prompt history with every rolled-out group. Dropped completions still pass through the update with
    a zero loss: completion pruning saves nothing here, only prompt pruning does.
-3. **The prompt history is checkpointed.** It is written beside verl's checkpoint
-   (``global_step_N/dppo_prompt_history.json``, atomically) and read back on resume. The draws are a
-   function of (seed, global step), so a resumed run draws what an uninterrupted one would.
+3. **The prompt history is checkpointed.** It is written into verl's checkpoint folder
+   (``global_step_N/dppo_prompt_history.json``, atomically, before verl's own files and its
+   ``latest_checkpointed_iteration.txt``) and read back on resume. The draws are a function of the seed,
+   verl's global step and the history, so a resumed run draws what an uninterrupted one would.
+
+The config is checked when the trainer is built (:func:`~dppo_core.integrations.verl.check_config`), so
+an override at launch that would bias the loss stops the run before any rollout.
 
 What is unbiased is what dppo_core.integrations.verl says: the loss and its gradient at the parameters of the
 draw, not the optimizer's update. Not covered:
 
-- Rollouts that fail and that verl refills are rolled out whole (π = 1) on top of the window.
+- A drawn group that comes back with fewer than G completions (some of its sessions failed) is dropped
+  whole, and one that never comes back is missing: both are counted (``dppo/failed_groups``,
+  ``dppo/lost_groups``) and warned about. Rollouts that verl refills are rolled out whole (π = 1).
 - The entropy bonus acts on the kept rows unweighted.
-- Multi-turn agent loops, whose several sessions per prompt verl's GRPO path merges and ours does not.
+- Multi-turn agent loops and per-prompt ``rollout.n``: groups of another size than G are dropped as failed.
 
 Tested on CPU against verl 0.9.1's real trainer methods (its dataloader fetch, its advantage path, its
 registry), not end to end: verl's v1 trainer needs Ray, TransferQueue and GPU rollout servers.
@@ -61,6 +67,14 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
     _dppo_candidates = 0
     _dppo_kept = 0
 
+    def __init__(self, config: Any) -> None:
+        if dv._INSTALLED.estimator is None:
+            raise ValueError(f"trainer.v1.trainer_mode={dv.TRAINER_MODE} needs DPPO's estimator installed in the "
+                             "driver (dppo_core.integrations.verl.install, e.g. by examples/verl/dppo_plugin.py "
+                             "through VERL_USE_EXTERNAL_MODULES)")
+        dv.check_config(config)
+        super().__init__(config)
+
     # verl's base trainer branches on ``trainer_mode == "sync"`` (its replay buffer, its checkpoint, its
     # dataloader), reading the configured name: this trainer is that sync trainer under another name.
     @property
@@ -89,7 +103,11 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
                              f"{self._dppo_candidates} candidates; leave parameter_sync_step at 1")
         metrics.update({"dppo/prompts_candidates": self._dppo_candidates, "dppo/prompts_rolled_out": self._dppo_kept,
                         "dppo/prompt_keep_fraction": self._dppo_kept / max(1, self._dppo_candidates)})
-        return super()._step_once(metrics, timing_raw, self._dppo_kept)
+        failed, lost = dv._INSTALLED.failed_groups, dv._INSTALLED.lost_groups
+        batch = super()._step_once(metrics, timing_raw, self._dppo_kept)
+        metrics.update({"dppo/failed_groups": dv._INSTALLED.failed_groups - failed,
+                        "dppo/lost_groups": dv._INSTALLED.lost_groups - lost})
+        return batch
 
     # --- the prompt history beside verl's checkpoint ---------------------------------------------------
     def _step_folder(self, resume: bool = False) -> Path:
@@ -101,15 +119,16 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
         return folder if folder.is_absolute() else Path.cwd() / folder
 
     def _save_checkpoint(self) -> None:
-        super()._save_checkpoint()
+        """The history first: verl's save ends by marking the folder the latest checkpoint (and calling the user's
+        checkpoint callback), which must find the history there."""
         estimator = dv._INSTALLED.estimator
-        if estimator is None:
-            return
-        path = self._step_folder() / HISTORY_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(estimator.state_dict()))
-        os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one
+        if estimator is not None:
+            path = self._step_folder() / HISTORY_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(estimator.state_dict()))
+            os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one
+        super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
