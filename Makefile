@@ -67,7 +67,7 @@ test-colab: setup
 # dppo_core.integrations.verl against verl's real functions (tests_verl/, which `make test` does not collect), in an
 # environment of its own (.venv-verl): verl 0.9.1 with its pins (transformers below ours), the CPU build of torch, and
 # dppo_core installed without its dependencies; every version pinned by tests_verl/constraints.txt. From scratch
-# about 3 minutes (a warm pip cache) and 1.9 GB; the tests about 30 seconds.
+# about 3 minutes (a warm pip cache) and 2 GB; the tests about 75 seconds.
 VERL_PY := .venv-verl/bin/python
 TORCH_CPU_INDEX := $(shell sed -n 's/^TORCH_CPU_INDEX=//p' scripts/setup.sh)
 test-verl:
