@@ -343,3 +343,17 @@ def test_the_recipes_plugin_passes_its_own_preflight():
     refused = subprocess.run([*args, "trainer.v1.trainer_mode=sync"], capture_output=True, text=True, timeout=300,
                              env=env)
     assert refused.returncode != 0 and "dppo_sync" in refused.stderr, refused.stderr[-3000:]
+
+
+def test_a_candidate_batch_without_distinct_prompt_ids_is_refused():
+    """The same rule as select_prompts on a DataProto: the history needs a distinct id per prompt."""
+    from verl.utils import tensordict_utils as tu
+
+    dv.install(base_estimator(), group_size=G)
+    rows = collate_fn(dataset())
+    rows["uid"] = np.array([f"u{q}" for q in range(P)], dtype=object)
+    with pytest.raises(ValueError, match="no column 'prompt_id'"):
+        dv.select_prompt_rows(tu.get_tensordict(rows), step=1, id_key="prompt_id")
+    rows["index"] = np.zeros(P, dtype=np.int64)
+    with pytest.raises(ValueError, match="repeat within one batch"):
+        dv.select_prompt_rows(tu.get_tensordict(rows), step=1)

@@ -177,13 +177,19 @@ def _check_group_sizes(groups: dict[Any, list[int]], group_size: int | None) -> 
 
 
 # --- the driver hooks, on verl's DataProto -------------------------------------------------------------------
-def prompt_ids(batch: DataProto, id_key: str = "index") -> list[str]:
-    """The prompts' ids (the history's keys) from the non-tensor column ``id_key`` (verl's RL dataset: ``index``,
-    from each row's ``extra_info.index``, 0 when absent); raises if they repeat within the batch."""
-    if id_key not in batch.non_tensor_batch:
-        raise ValueError(f"DPPO on verl: the batch has no non-tensor column {id_key!r} to key the prompt history by; "
-                         f"columns: {sorted(batch.non_tensor_batch)}")
-    ids = [str(v) for v in batch.non_tensor_batch[id_key]]
+def _column(batch: Any, key: str) -> list[str]:
+    """The column ``key`` of a ``DataProto`` (its non-tensor columns) or a ``TensorDict``, as strings."""
+    columns = batch.non_tensor_batch if isinstance(batch, DataProto) else batch
+    if key not in columns.keys():
+        raise ValueError(f"DPPO on verl: the batch has no column {key!r}; columns: {sorted(columns.keys())}")
+    return [str(v) for v in columns[key]]
+
+
+def prompt_ids(batch: Any, id_key: str = "index") -> list[str]:
+    """The prompts' ids (the history's keys) from the column ``id_key`` of a ``DataProto`` (non-tensor) or a
+    ``TensorDict`` (verl's RL dataset: ``index``, from each row's ``extra_info.index``, 0 when absent); raises
+    if they repeat within the batch."""
+    ids = _column(batch, id_key)
     if len(set(ids)) != len(ids):
         raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch ({ids[:8]}...); "
                          "give every dataset row a distinct extra_info.index")
@@ -253,7 +259,7 @@ class _Installed:
 _INSTALLED = _Installed()
 
 
-def prunes_prompts(estimator: Estimator | None) -> bool:
+def _prunes_prompts(estimator: Estimator | None) -> bool:
     return isinstance(estimator, PromptPruning) and estimator.prompt_prune_rate > 0
 
 
@@ -281,15 +287,7 @@ def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bo
     estimator = _INSTALLED.estimator
     if estimator is None:
         raise ValueError("select_prompt_rows: no estimator installed (dppo_core.integrations.verl.install)")
-    for key in ("uid", id_key):
-        if key not in batch.keys():
-            raise ValueError(f"DPPO on verl: the candidate batch has no column {key!r} "
-                             f"(columns: {sorted(batch.keys())})")
-    uids = [str(u) for u in batch["uid"]]
-    ids = [str(i) for i in batch[id_key]]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch ({ids[:8]}...); "
-                         "give every dataset row a distinct extra_info.index")
+    uids, ids = _column(batch, "uid"), prompt_ids(batch, id_key)
     if full:
         for uid, pid in zip(uids, ids, strict=True):
             _INSTALLED.selected[uid] = (pid, 1.0)
@@ -369,7 +367,7 @@ def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: 
         factor = _weigh_selected(advantages, token_level_rewards.sum(-1), response_mask, groups, estimator)
         scaled = advantages * factor.to(advantages.dtype)[:, None]
         return scaled, scaled
-    if prunes_prompts(estimator):
+    if _prunes_prompts(estimator):
         raise ValueError(f"{ADV_ESTIMATOR!r}: the installed estimator prunes prompts, which needs "
                          f"trainer.v1.trainer_mode={TRAINER_MODE} (dppo_core.integrations.verl_trainer) to draw them "
                          "before rollout; none of this batch's groups was drawn there")
@@ -400,7 +398,7 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     trainer = config.trainer
     mode = trainer.v1.trainer_mode if trainer.get("use_v1", True) else "legacy (trainer.use_v1=false)"
     problems = []
-    if prunes_prompts(estimator) and mode != TRAINER_MODE:
+    if _prunes_prompts(estimator) and mode != TRAINER_MODE:
         problems.append(f"trainer.v1.trainer_mode={mode}: the estimator prunes prompts, which needs "
                         f"trainer.v1.trainer_mode={TRAINER_MODE} (import dppo_core.integrations.verl_trainer)")
     if mode == TRAINER_MODE:
