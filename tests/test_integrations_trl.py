@@ -324,3 +324,20 @@ def test_missing_trl_names_the_install_command(monkeypatch):
     monkeypatch.delitem(sys.modules, "dppo_core.integrations.trl", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'dppo-core\[bench\]'"):
         importlib.import_module("dppo_core.integrations.trl")
+
+
+def test_an_untested_trl_is_refused_in_one_line(trl, monkeypatch):
+    from dppo_core.integrations.trl import SUPPORTED_TRL, check_trl_version
+
+    check_trl_version(trl.__version__)  # the installed one (the bench extra's pin) is supported
+    assert tuple(int(p) for p in trl.__version__.split(".")[:2]) in SUPPORTED_TRL
+    for version in ("1.16.0", "1.16.3", "1.16.0.dev0"):
+        check_trl_version(version)
+    monkeypatch.delenv("DPPO_TRL_UNTESTED", raising=False)
+    for version in ("1.15.0", "1.17.0", "1.19.1", "2.16.0", "1.1"):
+        with pytest.raises(ImportError, match=rf"tested with TRL 1\.16\.x and found trl {version}: pip install") as e:
+            check_trl_version(version)
+        assert "\n" not in str(e.value)
+    monkeypatch.setenv("DPPO_TRL_UNTESTED", "1")
+    with pytest.warns(UserWarning, match="found trl 1.19.0"):
+        check_trl_version("1.19.0")

@@ -76,9 +76,10 @@ def _load(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=False)
 
 
-def assert_same_run(one: Path, many: Path, case: str) -> list[dict[str, Any]]:
-    """The ranks of ``many`` agree to the bit and with ``one`` to float tolerance; returns the ranks' results."""
-    ref = _load(one / f"{case}-rank0.pt")
+def assert_same_run(one: Path, many: Path, case: str, one_case: str | None = None) -> list[dict[str, Any]]:
+    """The ranks of ``many`` agree to the bit and with ``one`` (its ``one_case``, default the same case) to float
+    tolerance; returns the ranks' results."""
+    ref = _load(one / f"{one_case or case}-rank0.pt")
     ranks = [_load(many / f"{case}-rank{r}.pt") for r in (0, 1)]
     moved = max(float((ref["params"][k] - ref["start"][k]).abs().max()) for k in ref["params"])
     assert moved > 1e-3, "the steps did not move the parameters"
@@ -91,11 +92,12 @@ def assert_same_run(one: Path, many: Path, case: str) -> list[dict[str, Any]]:
         torch.testing.assert_close(ranks[0]["params"][k] - ref["start"][k], value - ref["start"][k], rtol=0,
                                    atol=atol, msg=lambda m, k=k: f"{case} {k}: 2 processes != 1 process: {m}")
     for r in ranks:
-        assert r["history"] == ref["history"] and r["estimator_step"] == ref["estimator_step"] == 2
+        assert r["history"] == ref["history"]
+        assert r["estimator_step"] == ref["estimator_step"] == ref["generation_batches"]
     # (the KL and entropy logged are means over micro-batches, which hold other rows on 2 processes: not compared)
     logged = ("loss", "grad_norm", "dppo/prompts_kept", "dppo/completions_kept")
     steps = [row for row in ref["log"] if "loss" in row]
-    assert len(steps) == 2
+    assert len(steps) == ref["steps"]
     for a, b in zip(steps, [row for row in ranks[0]["log"] if "loss" in row], strict=True):
         for key in logged:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
@@ -117,6 +119,27 @@ def test_two_processes_update_like_one(one_process, small_model_dir, tmp_path):
     ranks = assert_same_run(one_process, two, "odd-group-lora")
     assert ranks[1]["trained"]["rows"] == 0 and ranks[1]["trained"]["padding"] > 0
     assert all("lora" in k for k in ranks[0]["params"])
+
+
+def test_empty_generation_batches_keep_the_processes_in_step(one_process, small_model_dir, tmp_path):
+    """steps_per_generation below the gradient accumulation: a window of several generation batches, some of which
+    keep nothing on any process (every prompt pruned, or every completion), first, in the middle and last in their
+    window. Each process still runs the model on a weight-0 row, so the gradients are reduced when the window ends:
+    without it each process steps on its own gradient and they drift apart (the first assertion of
+    assert_same_run). The last case also has micro-batches that mix kept and padding rows, and a KL term."""
+    two = tmp_path / "two"
+    cases = ["empty-prompts", "empty-completions", "empty-completions-dppo"]
+    _launch(tmp_path, small_model_dir, two, [*cases, "mutant-no-filler-when-empty"])
+    for case in cases:
+        ranks = assert_same_run(one_process, two, case)
+        assert sum(r["trained"]["padding"] for r in ranks) > 0, case
+    # the negative control: without the weight-0 rows of the empty batches, the processes drift apart
+    with pytest.raises(AssertionError, match="the two processes diverged"):
+        assert_same_run(one_process, two, "mutant-no-filler-when-empty", "empty-completions")
+    steps = [row for row in _load(one_process / "empty-prompts-rank0.pt")["log"] if "loss" in row]
+    assert [row["dppo/prompts_kept"] for row in steps] == pytest.approx([2 / 3] * 3)  # one batch of 3 empty a step
+    steps = [row for row in _load(one_process / "empty-completions-dppo-rank0.pt")["log"] if "loss" in row]
+    assert all(row["dppo/completions_kept"] < 1 for row in steps)
 
 
 @pytest.mark.slow

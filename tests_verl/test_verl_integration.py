@@ -343,3 +343,30 @@ def test_recipe_config_passes_verls_validation_and_ours():
 def test_check_config_refuses_biased_settings(override, message):
     with pytest.raises(ValueError, match=message):
         dv.check_config(recipe_config(override))
+
+
+@pytest.mark.parametrize("installed_g, settings, message", [
+    (4, {}, r"rollout.n=8, but the estimator was installed with group_size=4: every group of 8 completions would be "
+            r"dropped as failed .* set rollout.n=4 or install\(estimator, group_size=rollout.n\)"),
+    (8, {"prompt_prune_rate": 0.5, "prompt_scheme": "posterior", "group_size": 4},
+     r"rollout.n=8, but the estimator's group_size=4: its posterior prompt scheme .* group_size=8"),
+])
+def test_check_config_refuses_a_rollout_n_other_than_the_group_size(installed_g, settings, message):
+    """issue #52: with rollout.n (8 in the recipe) other than install's G, every group would be dropped as failed and
+    the run would train on nothing; a posterior prompt scheme's own group_size would score groups of the wrong size."""
+    dv.install(DPPOEstimator(**settings), group_size=installed_g)
+    with pytest.raises(ValueError, match=message):
+        dv.check_config(recipe_config())
+
+
+def test_check_config_compares_rollout_n_with_the_group_sizes_in_use():
+    dv.install(DPPOEstimator(), group_size=4)
+    assert dv.check_config(recipe_config("actor_rollout_ref.rollout.n=4")) == 256 * 4
+    assert dv.check_config(recipe_config(), DPPOEstimator()) == 256 * 8  # not the installed one: no G of install's
+    dv._INSTALLED.estimator = None
+    assert dv.check_config(recipe_config()) == 256 * 8  # nothing installed (verl's own trainer, a check beforehand)
+    posterior = {"prompt_prune_rate": 0.5, "prompt_scheme": "posterior"}
+    assert dv.check_config(recipe_config(), DPPOEstimator(**posterior, group_size=8)) == 256 * 8
+    # group_size is read by the posterior scheme only, and only when it prunes prompts
+    assert dv.check_config(recipe_config(), DPPOEstimator(prompt_prune_rate=0.5, group_size=4)) == 256 * 8
+    assert dv.check_config(recipe_config(), DPPOEstimator(prompt_scheme="posterior", group_size=4)) == 256 * 8

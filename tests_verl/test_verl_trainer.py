@@ -107,6 +107,20 @@ def test_the_config_is_checked_when_the_trainer_is_built():
             vt.DPPOSyncTrainer(small_config(override))
 
 
+def test_a_rollout_n_other_than_the_installed_group_size_stops_the_build():
+    """issue #52: with rollout.n != install's G every drawn group came back "failed" (dropped, every advantage 0) and
+    the run went on with warnings. Built as verl's main_ppo builds it (its registry, then ``trainer_cls(config=...)``,
+    before ``init()`` and any rollout), the trainer now refuses it, in either direction of the mismatch."""
+    build = get_trainer_cls(dv.TRAINER_MODE)
+    dv.install(base_estimator(), group_size=2 * G)
+    with pytest.raises(ValueError, match=rf"rollout.n={G}, but the estimator was installed with group_size={2 * G}"):
+        build(config=small_config())
+    dv.install(base_estimator(), group_size=G)
+    with pytest.raises(ValueError, match=rf"rollout.n={2 * G}, but the estimator was installed with group_size={G}"):
+        build(config=small_config(f"actor_rollout_ref.rollout.n={2 * G}"))
+    assert type(build(config=small_config())) is vt.DPPOSyncTrainer  # the same G on both sides builds
+
+
 def test_next_train_batch_rolls_out_the_drawn_prompts():
     """verl's fetch of data.train_batch_size candidates, then exactly the estimator's draw at verl's global step."""
     for step in range(1, 30):
@@ -343,6 +357,9 @@ def test_the_recipes_plugin_passes_its_own_preflight():
     refused = subprocess.run([*args, "trainer.v1.trainer_mode=sync"], capture_output=True, text=True, timeout=300,
                              env=env)
     assert refused.returncode != 0 and "dppo_sync" in refused.stderr, refused.stderr[-3000:]
+    mismatch = subprocess.run([*args, "actor_rollout_ref.rollout.n=4"], capture_output=True, text=True, timeout=300,
+                              env=env)  # DPPO_GROUP_SIZE=8 installed, 4 launched: refused by check_config
+    assert mismatch.returncode != 0 and "installed with group_size=8" in mismatch.stderr, mismatch.stderr[-3000:]
 
 
 def test_a_candidate_batch_without_distinct_prompt_ids_is_refused():

@@ -57,7 +57,11 @@ Departures from TRL's GRPOTrainer, and why:
    include them). After completion pruning, each micro-batch is padded with rows of weight 0 and no
    completion tokens to the most rows any process holds in it (TRL's metrics gather per-row tensors, and
    DDP, FSDP and ZeRO need every process's forward and backward), and the loss is multiplied by N, as they
-   average the processes' gradients. The update then equals one process's on the same global batch.
+   average the processes' gradients. A micro-batch that keeps nothing anywhere still gets one such row a
+   process, and a generation batch with every prompt pruned rolls out N / gcd(G, N) copies of its first group,
+   all dropped, to make them: with ``steps_per_generation`` below ``gradient_accumulation_steps``, a window whose
+   last micro-batch ran no model would never reduce its gradients across processes. The update then equals one
+   process's on the same global batch.
 2. Text prompts only (a NotImplementedError on image inputs): dropping completions would have to cut
    ``pixel_values`` by image grid, which is not row-aligned.
 3. The KL term (beta > 0) is computed here, weighted per completion, as TRL computes it (k3, times the
@@ -79,7 +83,8 @@ Departures from TRL's GRPOTrainer, and why:
 7. The estimator's ``step`` (its random draws and history ages) counts generation batches
    (``estimator_step``); under TRL's defaults it equals ``state.global_step``.
 
-Written against trl==1.16.0 (the ``bench`` extra pins it); it overrides these GRPOTrainer internals:
+Written against TRL 1.16 (:data:`SUPPORTED_TRL`; the ``bench`` extra pins it, and importing this module with
+another TRL raises an ImportError that says so); it overrides these GRPOTrainer internals:
 ``_prepare_inputs``, ``_generate_and_score_completions``, ``_calculate_rewards``,
 ``_get_per_token_logps_and_entropies``, ``_compute_loss``, ``_save_checkpoint`` and
 ``_load_optimizer_and_scheduler``.
@@ -89,11 +94,14 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from math import gcd
 from typing import Any, cast
 
 import torch
 
 try:
+    import trl
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # trl is an optional extra
     raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: pip install 'dppo-core[bench]'") from exc
@@ -101,9 +109,32 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import shuffle_sequence_dict
 
-from dppo_core.estimator import Estimator, PromptPruning
+from dppo_core.estimator import Estimator, PromptPruning, Weighting
 
-__all__ = ["DPPOGRPOTrainer", "ESTIMATOR_FILE", "SUPPORTED_LOSS_TYPES", "prompt_id"]
+__all__ = ["DPPOGRPOTrainer", "ESTIMATOR_FILE", "SUPPORTED_LOSS_TYPES", "SUPPORTED_TRL", "check_trl_version",
+           "prompt_id"]
+
+#: The TRL releases (major, minor) this module is tested against: it overrides GRPOTrainer internals, which change
+#: between minor releases. DPPO_TRL_UNTESTED=1 lets another release run, with a warning.
+SUPPORTED_TRL = ((1, 16),)
+SUPPORTED_TRL_PIN = "trl>=1.16,<1.17"
+
+
+def check_trl_version(version: str) -> None:
+    """Raise ImportError, in one line that says which releases work, unless ``version`` is a supported TRL."""
+    parts = version.split(".")
+    if tuple(int(p) if p.isdigit() else -1 for p in parts[:2]) in SUPPORTED_TRL:
+        return
+    tested = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_TRL)
+    message = (f"dppo_core.integrations.trl is tested with TRL {tested} and found trl {version}: "
+               f"pip install '{SUPPORTED_TRL_PIN}' (or set DPPO_TRL_UNTESTED=1 to try this one)")
+    if os.environ.get("DPPO_TRL_UNTESTED", "") not in ("", "0"):
+        warnings.warn(message, stacklevel=3)
+        return
+    raise ImportError(message)
+
+
+check_trl_version(trl.__version__)
 
 SUPPORTED_LOSS_TYPES = ("grpo", "dr_grpo", "sapo", "luspo")
 ESTIMATOR_FILE = "dppo_estimator.json"  # in each checkpoint folder
@@ -227,11 +258,12 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
             parts = _split_rows(batch, steps_per_generation)
-            if self.accelerator.num_processes > 1 and sum(self._process_rows):
+            if self.accelerator.num_processes > 1:
                 # every process trains on as many rows as the fullest one, in every micro-batch: TRL's metrics gather
                 # per-row tensors, and DDP, FSDP and ZeRO need every process's forward and backward; the padding
-                # rows have weight 0 and no completion tokens. A micro-batch empty everywhere still gets one row,
-                # so that gradients accumulated in the others are reduced across processes when the window ends.
+                # rows have weight 0 and no completion tokens. A micro-batch empty everywhere (a whole generation
+                # batch too) still gets one row: the backward of the last micro-batch of an accumulation window is
+                # where DDP reduces the gradients across processes, and without it each process steps on its own.
                 sizes = [_part_sizes(n, steps_per_generation) for n in self._process_rows]
                 most = [max(1, *column) for column in zip(*sizes, strict=True)]
                 parts = [_pad_rows(part, self._filler, m - len(part["completion_ids"]))
@@ -251,11 +283,14 @@ class DPPOGRPOTrainer(GRPOTrainer):
         self.estimator_step += 1
         kept = [row for i in selection.indices for row in groups[i]]
         self._metrics["train"]["dppo/prompts_kept"].append(len(selection.indices) / max(1, selection.window))
-        if not kept:  # every prompt pruned: the estimate is 0
-            self._process_rows = [0] * processes
+        if not kept and processes == 1:  # every prompt pruned: the estimate is 0
+            self._process_rows = [0]
             return self._empty_batch(selection.window * g)
         real = len(kept)  # the kept prompts' rows; copies of a kept group follow, if needed to split evenly
-        kept += groups[selection.indices[0]] * padding_groups(len(selection.indices), g, processes)
+        # (every prompt pruned on several processes: copies of the window's first group, all dropped, so that each
+        # process has a row whose forward and backward run the model: see _prepare_inputs)
+        copies = padding_groups(len(selection.indices), g, processes) if kept else processes // gcd(g, processes)
+        kept += groups[selection.indices[0] if kept else 0] * copies
         share = len(kept) // processes
         batch = super()._generate_and_score_completions(kept[rank * share:(rank + 1) * share])
         if "pixel_values" in batch:
@@ -266,9 +301,14 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if getattr(self.estimator, "needs_lengths", False):  # completion_scheme="length": the tokens per completion
             lengths = self.accelerator.gather(batch["completion_mask"].sum(1).detach())
             extra["lengths"] = lengths[:real].to("cpu").view(-1, g)
-        weighting = self._from_main(self.estimator.weigh(advantages, selection, step, **extra))
-        assert self._rewards is not None  # set by _calculate_rewards, in the generation above (gathered by TRL)
-        self.estimator.observe([ids[i] for i in selection.indices], self._rewards[:real].view(-1, g), advantages, step)
+        if real:
+            weighting = self._from_main(self.estimator.weigh(advantages, selection, step, **extra))
+            assert self._rewards is not None  # set by _calculate_rewards, in the generation above (gathered by TRL)
+            self.estimator.observe([ids[i] for i in selection.indices], self._rewards[:real].view(-1, g), advantages,
+                                   step)
+        else:  # as _empty_batch: nothing kept, the estimate is 0, C as for any draw of this window
+            none = torch.zeros(0, g)
+            weighting = Weighting(none.bool(), none.double(), selection.window * g)
         keep = torch.zeros(len(kept), dtype=torch.bool)  # (rows of every process,): the copies are never kept
         keep[:real] = weighting.keep.flatten()
         weights = torch.zeros(len(kept), dtype=torch.float64)
@@ -284,7 +324,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
         batch = _take_rows(batch, rows, share)
         batch["dppo_weights"] = weights[mine][rows].to(device)
         batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64, device=device)
-        self._metrics["train"]["dppo/completions_kept"].append(int(keep.sum()) / max(1, real))
+        if real:  # (as with one process, where a batch with no prompt kept is never rolled out)
+            self._metrics["train"]["dppo/completions_kept"].append(int(keep.sum()) / real)
         return batch
 
     def _from_main(self, decision: Any) -> Any:

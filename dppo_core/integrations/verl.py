@@ -33,7 +33,9 @@ every verl process import a module that does, see examples/verl/):
    each kept prompt's π_q under verl's uid, and :data:`ADV_ESTIMATOR` weighs those groups with it and updates
    the prompt history. :func:`select_prompts` and :func:`weigh_rollouts` are the same two steps on a
    ``DataProto``, for a driver loop of one's own;
-4. :func:`check_config`: refuses a verl config under which the pruned loss would be biased.
+4. :func:`check_config`: refuses a verl config under which the pruned loss would be biased, or whose
+   ``rollout.n`` is not the G the estimator was installed with (every group would be dropped as failed) or,
+   under the posterior prompt scheme, the estimator's own ``group_size``.
 
 Only the loss and its gradient at the parameters of the draw are unbiased (DESIGN.md §4): not AdamW's
 update, gradient clipping, nor a second PPO epoch (``ppo_epochs > 1``) or a second mini-batch, whose
@@ -391,10 +393,17 @@ def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: 
 # --- the config rules -------------------------------------------------------------------------------------
 def check_config(config: Any, estimator: Estimator | None = None) -> int:
     """Raise ValueError where a composed verl config (``ppo_trainer`` and overrides) would bias DPPO's loss
-    with ``estimator`` (default: the :func:`install`-ed one); return C = data.train_batch_size × rollout.n, the
-    normaliser the policy loss will divide by."""
+    with ``estimator`` (default: the :func:`install`-ed one) or leave it nothing to train on; return
+    C = data.train_batch_size × rollout.n, the normaliser the policy loss will divide by.
+
+    ``rollout.n`` must be the G of :func:`install` (when ``estimator`` is the installed one): :data:`ADV_ESTIMATOR`
+    drops a group of another size as failed, so a mismatch would zero every advantage, warning at each step. It
+    must also be the estimator's own ``group_size`` where its posterior prompt scheme reads it (the next group's
+    predicted passes, hence π_q: not a bias, but keep probabilities that score groups of the wrong size)."""
     actor = config.actor_rollout_ref.actor
+    installed = estimator is None or estimator is _INSTALLED.estimator
     estimator = _INSTALLED.estimator if estimator is None else estimator
+    n = int(config.actor_rollout_ref.rollout.n)
     trainer = config.trainer
     mode = trainer.v1.trainer_mode if trainer.get("use_v1", True) else "legacy (trainer.use_v1=false)"
     problems = []
@@ -412,6 +421,16 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
         skip = config.get("skip") or {}
         if (skip.get("rollout_tq") or {}).get("enable", False):
             problems.append("skip.rollout_tq.enable: cached rollouts bypass DPPO's draw")
+    g = _INSTALLED.group_size if installed and estimator is not None else None
+    if g is not None and g != n:
+        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator was installed with group_size={g}: "
+                        f"every group of {n} completions would be dropped as failed (all advantages 0); set "
+                        f"rollout.n={g} or install(estimator, group_size=rollout.n)")
+    posterior_g = getattr(estimator, "group_size", n) if getattr(estimator, "prompt_scheme", "") == "posterior" else n
+    if _prunes_prompts(estimator) and posterior_g != n:
+        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator's group_size={posterior_g}: its posterior "
+                        "prompt scheme would score each prompt's next group as that many completions; set its "
+                        f"group_size={n} (= rollout.n)")
     if actor.policy_loss.loss_mode != POLICY_LOSS:
         problems.append(f"actor.policy_loss.loss_mode={actor.policy_loss.loss_mode!r}: set {POLICY_LOSS!r}")
     if actor.loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
@@ -431,11 +450,11 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     if filter_groups is not None and filter_groups.get("enable", False):
         problems.append("algorithm.filter_groups.enable=true: DAPO's refill changes the candidate batch B")
     if problems:
-        raise ValueError("verl config is not unbiased under DPPO's pruning:\n  " + "\n  ".join(problems))
+        raise ValueError("verl config does not fit DPPO's pruning:\n  " + "\n  ".join(problems))
     if mode == TRAINER_MODE and trainer.v1.get("sampler", {}).get("sync_refill_failed_groups", False):
         warnings.warn("trainer.v1.sampler.sync_refill_failed_groups: refilled prompts are rolled out whole (π = 1) "
                       "on top of the window, outside DPPO's unbiasedness claim", stacklevel=2)
     if actor.get("entropy_coeff", 0):
         warnings.warn("actor.entropy_coeff != 0: verl's entropy bonus acts on the kept rows unweighted, outside "
                       "DPPO's unbiasedness claim", stacklevel=2)
-    return int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
+    return int(config.data.train_batch_size) * n

@@ -22,7 +22,8 @@ It is verl's synchronous trainer, unchanged but for three points:
    verl's global step and the history, so a resumed run draws what an uninterrupted one would.
 
 The config is checked when the trainer is built (:func:`~dppo_core.integrations.verl.check_config`), so
-an override at launch that would bias the loss stops the run before any rollout.
+an override at launch that would bias the loss, or a ``rollout.n`` other than the G the estimator was installed
+with (every group dropped as failed: a run that trains on nothing), stops the run before any rollout.
 
 What is unbiased is what dppo_core.integrations.verl says: the loss and its gradient at the parameters of the
 draw, not the optimizer's update. Not covered:

@@ -18,7 +18,8 @@ import dppo_core.integrations.verl_trainer  # noqa: F401  (registers trainer.v1.
 from dppo_core.estimator import DPPOEstimator
 from dppo_core.integrations.verl import check_config, install
 
-# G: must equal actor_rollout_ref.rollout.n (the launch command sets both from one variable)
+# G: must equal actor_rollout_ref.rollout.n (the launch command sets both from one variable; check_config, run
+# when verl builds the trainer, refuses a mismatch)
 GROUP_SIZE = int(os.environ.get("DPPO_GROUP_SIZE", "8"))
 
 # Prompts: each kept with a probability from its history (a Beta-binomial posterior of whether its next group
@@ -41,9 +42,7 @@ def main(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=os.path.dirname(os.path.abspath(__file__)), version_base=None):
         config = compose("dppo_grpo", overrides=overrides)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    normaliser = check_config(config)
-    if config.actor_rollout_ref.rollout.n != GROUP_SIZE:
-        raise SystemExit(f"rollout.n={config.actor_rollout_ref.rollout.n} but DPPO_GROUP_SIZE={GROUP_SIZE}")
+    normaliser = check_config(config)  # also refuses a rollout.n other than GROUP_SIZE (DPPO_GROUP_SIZE)
     print(f"verl config ok for DPPO: C = train_batch_size x n = {normaliser}")
 
 
