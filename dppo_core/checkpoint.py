@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from dppo_core.config import ConfigError
+from dppo_core.grouplog import FILENAME as GROUP_LOG
 from dppo_core.history import PromptHistory
 
 if TYPE_CHECKING:
@@ -32,9 +33,15 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig, PreTrainedModel
 
 CHECKPOINT_PREFIX = "checkpoint-"
-LOG_FILES = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
+LOG_FILES = ("metrics.jsonl", "eval.jsonl", GROUP_LOG)
 #: What makes a directory hold a run (besides ``checkpoint-N/``): a fresh run there would replace them.
 RUN_FILES = ("config.json", *LOG_FILES, "final")
+#: Every name a run writes into its output directory, besides those starting with :data:`WRITTEN_PREFIXES`: the
+#: RUN_FILES, TensorBoard's events and the temp copy of a log being truncated on resume. A file a run starts
+#: writing is added here, the one list of them (a bench's ``--resume`` removes these from an unfinished run).
+WRITTEN_FILES = (*RUN_FILES, "tensorboard", *(f".tmp-{name}" for name in LOG_FILES))
+#: Checkpoints, and the temp dirs of a checkpoint or ``final/`` being written or deleted.
+WRITTEN_PREFIXES = (CHECKPOINT_PREFIX, f".tmp-{CHECKPOINT_PREFIX}", ".tmp-final-")
 
 
 class RunExistsError(ConfigError):
@@ -64,6 +71,11 @@ def run_files(output_dir: Path) -> list[str]:
         return []
     names = [name for name in RUN_FILES if (output_dir / name).exists()]
     return names + [d.name for d in list_checkpoints(output_dir)]
+
+
+def writes(name: str) -> bool:
+    """Whether a run writes a file or directory of this ``name`` into its output directory."""
+    return name in WRITTEN_FILES or name.startswith(WRITTEN_PREFIXES)
 
 
 def aside_path(output_dir: Path) -> Path:
@@ -292,7 +304,13 @@ class StopRequest:
     The training loop checks ``requested`` after each step, writes a checkpoint and stops, so Ctrl-C
     always leaves a resumable state; a second Ctrl-C raises ``KeyboardInterrupt`` at once (the last
     checkpoint written stays valid).
+
+    ``StopRequest.stopping`` (one flag for the process) is True from a first signal until a second one, the next
+    ``with``, or the end of the block without an exception: a ``KeyboardInterrupt`` seen while it is True is the
+    loop's own stop, which has already said what it did and what to run next (``dppo`` then prints nothing more).
     """
+
+    stopping = False
 
     def __init__(self) -> None:
         self.requested = False
@@ -300,12 +318,15 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
+            StopRequest.stopping = False  # an abort: no checkpoint, no message of the loop's
             raise KeyboardInterrupt
         self.requested = True
+        StopRequest.stopping = True
         print("\nstopping after this step (press Ctrl-C again to abort without a checkpoint)", flush=True)
 
     def __enter__(self) -> StopRequest:
         self.requested = False
+        StopRequest.stopping = False
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -313,10 +334,12 @@ class StopRequest:
                 pass
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if exc_type is None:  # the loop ended without stopping: a later Ctrl-C is not its stop
+            StopRequest.stopping = False
 
 
 class PhaseTimer:

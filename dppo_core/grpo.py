@@ -26,9 +26,10 @@ of prompts pruned before rollout is unknown, so under prompt pruning the loss wo
 about 1 / mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination.
 (Dividing by the kept tokens only would inflate the loss by 1 / kept share.)
 
-With an engine other than the training model (vLLM), each token's ``l_t`` is also multiplied by the engine
-weight ``min(pi_old / mu, C)`` (``token_weights``; :func:`truncated_importance_weights`), which corrects for the
-engine sampling from its own copy mu of the policy (docs/estimator.md, "The three weights").
+With an engine other than the training model (vLLM), each token's whole ``l_t``, the KL term included, is also
+multiplied by the engine weight ``min(pi_old / mu, C)`` (``token_weights``; :func:`truncated_importance_weights`),
+which corrects for the engine sampling from its own copy mu of the policy: the k3 term is an average over the
+sampled tokens as much as the surrogate is (docs/estimator.md, "The three weights").
 
 Departures from TRL's GRPOTrainer, and why:
 1. The normaliser is explicit (``num_sequences``, ``max_completion_length``, ``num_tokens``) instead of
@@ -58,6 +59,9 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     if rewards.numel() == 0:  # no group (every prompt pruned): nothing to centre
         return rewards.clone()
     centred = rewards - rewards.mean(dim=1, keepdim=True)
+    # a group whose rewards are all equal has A = 0 exactly: its float32 mean can miss a value such as 3.7 or 0.1 by
+    # a rounding, which would give every completion the same small advantage (and a keep probability, a gradient)
+    centred = torch.where(rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True), 0.0, centred)
     if scale_rewards == "group":
         return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
     if scale_rewards == "batch":
@@ -102,8 +106,9 @@ def policy_loss(
         max_completion_length: L_max for ``dr_grpo``; default T.
         num_tokens: the token count to divide by for ``dapo`` (all micro-batches of the step); default
             the tokens in this micro-batch.
-        token_weights: (N, T) detached per-token factors of the loss, e.g. the engine weights of
-            :func:`truncated_importance_weights`; None means all ones (the engine is the policy).
+        token_weights: (N, T) detached per-token factors of the loss, the surrogate and the KL term alike, e.g.
+            the engine weights of :func:`truncated_importance_weights`; None means all ones (the engine is the
+            policy).
 
     Returns the scalar loss and detached statistics (``clip_fraction``, ``kl``, ``ratio_mean``), each a
     token mean over this micro-batch.
@@ -131,7 +136,7 @@ def policy_loss(
         assert ref_logprobs is not None  # checked above
         kl = kl_k3(logprobs, ref_logprobs)
         per_token = per_token + beta * kl
-    if token_weights is not None:  # the engine's mismatch, corrected token by token
+    if token_weights is not None:  # the engine's mismatch, corrected token by token: the KL term's too
         per_token = per_token * token_weights.to(device=per_token.device, dtype=per_token.dtype)
 
     w = (torch.ones(n, dtype=logprobs.dtype, device=logprobs.device) if weights is None
@@ -204,9 +209,10 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """Log-probs of ``tokens`` (B, T) under ``logits`` (B, T, V) at a sampling temperature.
 
     ``logits[:, t]`` must be the prediction for ``tokens[:, t]`` (shift before calling). Computed as
-    ``logit - logsumexp`` row by row, which avoids materialising a second (B, T, V) tensor.
+    ``logit - logsumexp`` row by row, which avoids materialising a second (B, T, V) tensor. At least float32
+    (bf16 logits are promoted; float64 ones, as in the exact tests, stay float64).
     """
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 to float32; float64 kept
     if temperature != 1.0:
         logits = logits / temperature
     picked = logits.gather(-1, tokens[..., None]).squeeze(-1)  # (B, T)

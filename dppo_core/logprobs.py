@@ -66,30 +66,31 @@ class Sequences:
 
 def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     """The engine's log-probs of micro-batch ``idx``'s tokens laid out like its ``(logprobs, mask)``: (N, T), row i
-    holding sequence ``idx[i]``'s tokens from column 0, zeros on padding."""
+    holding sequence ``idx[i]``'s tokens from column 0, zeros on padding; float32, or ``like``'s float64."""
     if seqs.engine_logprobs is None:
         raise ValueError("these Sequences carry no engine log-probs; build them from a RolloutBatch "
                          "(DPPOTrainer.sequences) to correct for the engine")
-    grid = torch.zeros(like.shape, dtype=torch.float32)
+    grid = torch.zeros(like.shape, dtype=torch.promote_types(like.dtype, torch.float32))
     for row, i in enumerate(idx):
         lp = seqs.engine_logprobs[i]
         if len(lp) != len(seqs.completion_ids[i]):
             raise ValueError(f"the rollout engine gave {len(lp)} log-probs for a completion of "
                              f"{len(seqs.completion_ids[i])} tokens; rollout_correction needs one per token (fix the "
                              "engine, or set rollout_correction: off)")
-        grid[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        grid[row, : len(lp)] = torch.tensor(lp, dtype=grid.dtype)
     return grid.to(like.device)
 
 
 def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Sequence[int], old_logprobs: torch.Tensor,
                    mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
-    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|)."""
+    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|).
+    They multiply each token's whole loss, the KL term's included (``policy_loss(token_weights=)``)."""
     engine = engine_logprob_grid(seqs, idx, old_logprobs)
     m = mask.bool()
     w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level, mask=mask)
     w = torch.where(m, w, torch.ones_like(w))  # padding: 1 (its loss is masked anyway, and stays finite)
-    diff = (old_logprobs.detach().float() - engine).abs()[m]
+    diff = (old_logprobs.detach().to(engine.dtype) - engine).abs()[m]
     return w, {"engine_weight_sum": w[m].sum().item(),
                "engine_truncated": (w[m] >= config.rollout_correction_cap).sum().item(),
                "engine_logprob_diff_max": diff.max().item() if diff.numel() else 0.0}

@@ -43,7 +43,10 @@ Keep-probability schemes (``rate`` = r):
   number kept is (1 - r) · n: r is the expected fraction pruned (up to the floors and to items forced
   to 1).
 * ``"posterior"`` (prompts) — ``proportional`` on :func:`posterior_scores`: √P(the next group is informative)
-  under a Beta-binomial posterior over the prompt's success rate from its whole (discounted) history.
+  under a Beta-binomial posterior over the prompt's success rate from its whole (discounted) history; it needs
+  rewards in [0, 1] and refuses others (:func:`check_pass_rates`). The other schemes read the rewards only
+  through |A|, so they take any finite rewards (rewards a·r + b, a > 0, give the same probabilities up to the
+  eps of group scaling).
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
   the variance-minimising shape per token trained for independent draws when a completion's gradient size is
   ∝ |A|·len^(1/2−γ) (docs/estimator.md); near-optimal where that holds only roughly.
@@ -72,7 +75,7 @@ import numpy as np
 import torch
 
 from dppo_core.config import COMPLETION_SCHEMES, FIXED_SIZE_DESIGNS, PROMPT_SCHEMES, SCHEMES
-from dppo_core.history import PromptHistory
+from dppo_core.history import PromptHistory, PromptRecord
 
 # --------------------------------------------------------------------------------------------------
 # Keep probabilities
@@ -288,6 +291,28 @@ def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -
     return ((k > 0) & (k < group_size)).astype(np.float64)
 
 
+def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) -> None:
+    """Refuse a prompt's record whose rewards cannot all have been in [0, 1], naming the prompt and the rewards.
+
+    :func:`posterior_scores` reads a group's rewards as pass rates: its evidence is G x the mean reward passes
+    (:meth:`PromptHistory.update`), the mean clipped into [0, 1]. Rewards outside [0, 1] (a sum of reward
+    functions such as accuracy + format, rewards in {-1, 2}, continuous scores such as 3.7) make that evidence
+    wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all passed).
+    Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1], equality
+    for pass/fail rewards), so a record outside those bounds cannot come from them; the check sees the last
+    group only (the history keeps its mean and std, not its rewards), so an earlier group outside [0, 1] whose
+    record was replaced by one inside goes unseen.
+    """
+    m, v = record.mean_reward, record.reward_std ** 2
+    if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
+        raise ValueError(
+            f"prompt_scheme 'posterior' reads rewards as pass rates in [0, 1], but prompt {prompt_id!r}'s last "
+            f"group (step {record.step}) had mean reward {m:.6g} and std {record.reward_std:.6g}, which rewards in "
+            "[0, 1] cannot have: its evidence was clipped into [0, 1] and the posterior would be wrong. Rescale "
+            "the rewards into [0, 1] (e.g. (r - min) / (max - min), or combine_rewards with weights summing to 1 "
+            "over rewards in [0, 1]), or use prompt_scheme 'paper' or 'proportional', which read only |A|")
+
+
 def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
                      step: int | None = None, max_age: int | None = None, prior: tuple[float, float] = (1.0, 1.0),
                      scale_rewards: str = "group") -> torch.Tensor:
@@ -299,7 +324,9 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
     √P(the group is informative) = √(1 - E[p^G] - E[(1 - p)^G]). The square root because the
     variance-optimal inclusion probability of a prompt is ∝ √E‖S_q‖² (docs/estimator.md), and E‖S_q‖² scales
     with E[Σ A²] when completions' gradients are of similar size. Unseen prompts (and, with ``max_age``,
-    prompts last seen longer ago) get the prior's score. Returns float64, shape (len(prompt_ids),).
+    prompts last seen longer ago) get the prior's score. Rewards must lie in [0, 1] (those strictly inside count
+    as fractional passes): a record that rewards in [0, 1] cannot have raises ValueError (:func:`check_pass_rates`).
+    Returns float64, shape (len(prompt_ids),).
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size!r} must be at least 1 (the completions per prompt, G)")
@@ -312,6 +339,8 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
     for pid in prompt_ids:
         rec = history.get(pid)
         stale = rec is not None and max_age is not None and step is not None and step - rec.step > max_age
+        if rec is not None and not stale:
+            check_pass_rates(pid, rec)
         s, f = (0.0, 0.0) if rec is None or stale else history.evidence(pid, step)
         key = (round(prior[0] + s, 9), round(prior[1] + f, 9))
         if key not in cache:

@@ -155,6 +155,7 @@ class DPPOTrainer:
         self._tb: SummaryWriter | None = None
         self._stop = ckpt.StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
         self.stop_hint = "continue with --resume"  # what Ctrl-C's message says to do next (the bench: its own)
+        self.checkpoint_on_stop = True  # the bench runs a stopped run again from its start: no checkpoint for it
         self._prompt_lengths: dict[str, int] = {}
 
     @property
@@ -581,9 +582,10 @@ class DPPOTrainer:
                 # data parallel: a stop asked of any rank (torchrun forwards signals to each) stops them all
                 if all_reduce_max(float(self._stop.requested), self.dist) > 0:
                     bar.close()
-                    path = self._save_checkpoint_all_ranks()
+                    path = self._save_checkpoint_all_ranks() if self.checkpoint_on_stop else None
                     if self.dist.is_main:
-                        print(f"\nstopped: checkpoint of step {self.step} written to {path}; {self.stop_hint}")
+                        print(f"\nstopped at step {self.step}{f': checkpoint written to {path}' if path else ''}; "
+                              f"{self.stop_hint}")
                     raise KeyboardInterrupt
         bar.close()
         self._save_checkpoint_all_ranks()

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +237,78 @@ def test_a_preset_of_your_own_runs_and_on_record_sees_every_step_and_evaluation(
         assert steps == [1, 2] and evals == [0, 1, 2], (method, steps, evals)
         assert all(s == 0 for m, s, _ in seen)
     assert json.loads((tmp_path / "bench.json").read_text())["preset"] == "mine"
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Ctrl-C, then --resume, through the command line
+# --------------------------------------------------------------------------------------------------
+
+
+def _bench_argv(out: Path, model: Path) -> list[str]:
+    """The smallest accuracy bench, through ``python -m dppo_core``: cpu-smoke's grpo run, one seed, 3 steps, on
+    level 1, which ``model`` (the warm small model) gets right at times: the rewards vary and the weights change."""
+    return [sys.executable, "-m", "dppo_core", "bench", "--preset", "cpu-smoke", "--methods", "grpo", "--seeds", "0",
+            "--output-dir", str(out), f"model={model}", "train_levels=[1]"]
+
+
+def _cli_env() -> dict[str, str]:
+    # one thread each: the uninterrupted bench runs beside the interrupted one, and both compute alike
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _start_cli(argv: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_cli_env())
+
+
+def _names(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def _without_times(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time") and k not in ("step_time", "eval_s")}
+            for r in rows]
+
+
+def test_a_bench_stopped_by_ctrl_c_after_its_first_step_resumes_through_the_cli(warm_small_model_dir, tmp_path):
+    """What Ctrl-C's message says (run the same command again with --resume) works: the resumed bench ends with
+    the files of an uninterrupted one, its training and evaluations equal but for the times."""
+    ref_out, out = tmp_path / "uninterrupted", tmp_path / "stopped"
+    ref_log, log = tmp_path / "uninterrupted.log", tmp_path / "stopped.log"
+    ref = _start_cli(_bench_argv(ref_out, warm_small_model_dir), ref_log)  # beside the other: a second core
+    proc = _start_cli(_bench_argv(out, warm_small_model_dir), log)
+    try:
+        metrics, deadline = out / "runs" / "grpo" / "seed-0" / "metrics.jsonl", time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text()):  # its first step is logged: Ctrl-C
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == 130, log.read_text()  # stopped after a step, not finished
+        assert "run the same command again with --resume" in log.read_text()
+        assert re.search(r"stopped at step \d+; run the same command", log.read_text())  # no checkpoint (unused)
+        assert not list(metrics.parent.glob("checkpoint-*")) and not (out / "bench.json").exists()
+        resumed = subprocess.run([*_bench_argv(out, warm_small_model_dir), "--resume"], capture_output=True,
+                                 text=True, stdin=subprocess.DEVNULL, env=_cli_env(), timeout=300)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "grpo seed 0: 3 steps" in resumed.stdout  # the unfinished run starts again
+        assert ref.wait(timeout=300) == 0, ref_log.read_text()
+    finally:
+        for p in (ref, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert _names(out) == _names(ref_out)  # every file an uninterrupted bench writes, and nothing else
+    run, ref_run = out / "runs" / "grpo" / "seed-0", ref_out / "runs" / "grpo" / "seed-0"
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        assert _without_times(run / name) == _without_times(ref_run / name), name
+    assert read_groups(run) == read_groups(ref_run)
+    assert any(r["loss"] != 0 for r in _without_times(run / "metrics.jsonl")), "the rewards never varied"
+    config, ref_config = (json.loads((d / "config.json").read_text()) for d in (run, ref_run))
+    assert {**config, "output_dir": None} == {**ref_config, "output_dir": None}
+    result, ref_result = (json.loads((d / "bench.json").read_text()) for d in (out, ref_out))
+    assert result["methods"]["grpo"]["accuracy"] == ref_result["methods"]["grpo"]["accuracy"]
 
 
 @pytest.mark.parametrize("name", ["cpu-full", "cpu-baselines", "cpu-peers", "cpu-batch8", "cpu-own-best"])

@@ -112,3 +112,12 @@ def test_token_logprobs_matches_log_softmax():
     for temp in (1.0, 0.7):
         expected = torch.log_softmax(logits / temp, -1).gather(-1, tokens[..., None]).squeeze(-1)
         assert torch.allclose(token_logprobs(logits, tokens, temp), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_all_equal_groups_have_zero_advantage_at_any_reward_value(scale_rewards):
+    # float32 means of 3.7 or 0.1 repeated miss them by a rounding; such a group must still have A = 0 exactly
+    rewards = torch.tensor([[3.7] * 8, [0.1] * 8, [1 / 3] * 8, [-2.2] * 8, [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    adv = group_advantages(rewards, scale_rewards)
+    assert torch.equal(adv[:4], torch.zeros(4, 8))
+    assert (adv[4] != 0).all()

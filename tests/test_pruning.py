@@ -6,7 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mutants import REWARD_RANGE_MUTANTS
 
+from dppo_core import pruning
 from dppo_core.pruning import (
     PromptHistory,
     adaptive_rate,
@@ -371,3 +373,147 @@ def test_expected_ess_and_the_adaptive_rate():
     assert adaptive_rate(ones, 1.0, 0.5, at) == 0.5  # never more than the configured rate
     with pytest.raises(ValueError, match="target_ess"):
         adaptive_rate(ones, 0.0, 0.5, at)
+
+
+# --- rewards outside [0, 1] (issue #52) ----------------------------------------------------------------------------
+# Completion keep probabilities and the paper/proportional prompt scores read the rewards only through |A|: any
+# finite rewards work, and rewards a r + b (a > 0) give the probabilities of r. The posterior prompt scheme reads
+# rewards as pass rates in [0, 1] (PromptHistory clips a group's mean into [0, 1]), so it refuses a record that
+# rewards in [0, 1] cannot have, naming the prompt. Each check below is run through the module (pruning.<fn>), so
+# that the mutants of tests/mutants.py (REWARD_RANGE_MUTANTS) can be put in its place.
+
+PASS_FAIL = torch.tensor([[1.0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 0, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1],
+                          [0, 1, 0, 1, 0, 1, 0, 1]])
+CONTINUOUS = torch.tensor([[3.7, 0, 0, 0, 0, 0, 0, 0], [3.7, -0.4, 1.25, 3.7, 0.0, 2.5, -1.5, 3.7], [3.7] * 8],
+                          dtype=torch.float64)
+
+
+def _advantages(rewards, scale):
+    """Group advantages in float64 (grpo.group_advantages computes in float32, exact for these dyadic rewards only)."""
+    r = rewards.double()
+    centred = r - r.mean(1, keepdim=True)
+    return centred / (r.std(1, unbiased=False, keepdim=True) + 1e-4) if scale == "group" else centred
+
+
+def _check_completion_probs_take_any_rewards():
+    floor, rate, g = 0.1, 0.5, 8
+    for rewards in (PASS_FAIL, 3 * PASS_FAIL - 1, 1 + PASS_FAIL, CONTINUOUS):  # {0, 1}, {-1, 2}, {1, 2}, continuous
+        for scale in ("none", "group"):
+            adv = _advantages(rewards, scale)
+            for scheme in ("proportional", "paper"):
+                p = pruning.completion_keep_probs(adv, rate, scheme=scheme, min_keep_prob=floor)
+                assert (p[adv == 0] == 0).all()  # an all-equal group (all 2s, all 3.7s): a zero loss, never trained
+                live = p[adv != 0]
+                assert ((live >= floor - 1e-12) & (live <= 1 + 1e-12)).all(), (scheme, scale, p)
+                if scheme == "proportional":
+                    for row, a in zip(p, adv, strict=True):
+                        assert float(row.sum()) == pytest.approx(min((1 - rate) * g, int((a != 0).sum())))
+                    if rewards is not CONTINUOUS:  # equal |A|, half above the mean, half below: all alike
+                        assert p[3].tolist() == pytest.approx([1 - rate] * g), scale
+    # one outlying reward: kept for sure, the rest share the remaining budget evenly (|A| equal), 3/7 each
+    p = pruning.completion_keep_probs(_advantages(CONTINUOUS, "none"), rate, min_keep_prob=floor)
+    assert p[0].tolist() == pytest.approx([1.0] + [3 / 7] * 7) and p[2].tolist() == [0.0] * 8
+    # rewards a r + b: the probabilities of r (unscaled advantages are a x those of r)
+    base = pruning.completion_keep_probs(_advantages(PASS_FAIL, "none"), rate, min_keep_prob=floor)
+    for a, b in ((3.0, -1.0), (1.0, 1.0), (0.5, 3.7)):
+        moved = pruning.completion_keep_probs(_advantages(a * PASS_FAIL + b, "none"), rate, min_keep_prob=floor)
+        assert moved.tolist() == [pytest.approx(row, rel=1e-12) for row in base.tolist()]
+
+
+def test_completion_keep_probabilities_take_rewards_outside_the_unit_interval():
+    _check_completion_probs_take_any_rewards()
+
+
+def _check_prompt_probs_from_rewards_outside_the_unit_interval():
+    ids = ["one_pass", "half", "all_high", "all_low", "new"]
+    rows = PASS_FAIL[[0, 3, 2]].tolist() + [[0.0] * 8]  # 1 of 8, 4 of 8, all, none
+    probs = {}
+    for lo, hi in ((0.0, 1.0), (-1.0, 2.0), (1.0, 2.0)):
+        h = PromptHistory()
+        r = lo + (hi - lo) * torch.tensor(rows)
+        h.update(ids[:4], r, _advantages(r, "none"), step=0)
+        assert [h.get(i).degenerate for i in ids[:4]] == [False, False, True, True]
+        for scheme in ("paper", "proportional"):
+            p = pruning.prompt_keep_probs(h, ids, 0.5, scheme=scheme, min_keep_prob=0.1, step=1)
+            assert ((p >= 0.1) & (p <= 1)).all() and p[4] == 1.0  # unseen: kept
+            assert max(p[2], p[3]) <= min(p[0], p[1])  # the all-equal groups' prompts are kept least
+            probs.setdefault(scheme, []).append(p)
+        assert pruning.greso_keep_probs(h, ids, 0.5).tolist() == [1.0, 1.0, 0.5, 0.5, 1.0]
+    for scheme, (p01, *others) in probs.items():
+        for p in others:  # rewards in {-1, 2} or {1, 2}: the probabilities of {0, 1}
+            assert p.tolist() == pytest.approx(p01.tolist(), rel=1e-12), scheme
+    assert probs["proportional"][0][2:4].tolist() == [0.1, 0.1]  # scored 0 (no signal): on the floor
+
+
+def test_prompt_keep_probabilities_from_a_history_of_rewards_outside_the_unit_interval():
+    _check_prompt_probs_from_rewards_outside_the_unit_interval()
+
+
+#: groups no rewards in [0, 1] can give: (rewards, what they are)
+OUTSIDE = [([2.0, 2, -1, -1, -1, -1, -1, -1], "{-1, 2}, 2 passes of 8: mean -0.25, read as 0 passes"),
+           ([2.0, -1, 2, -1, 2, -1, 2, -1], "{-1, 2}, 4 of 8: mean 0.5, std 1.5"),
+           ([2.0] * 8, "{-1, 2}, all passed: mean 2"),
+           ([2.0, 1, 1, 1, 1, 1, 1, 1], "accuracy + format: mean 1.125, read as all passed"),
+           ([3.7] * 8, "continuous, all 3.7"),
+           ([3.7, 0, 0, 0, 0, 0, 0, 0], "continuous, mean 0.4625 in [0, 1] but std 1.22 > sqrt(m (1 - m))"),
+           ([-0.5] * 8, "negative")]
+#: groups rewards in [0, 1] can give, fractional ones included
+INSIDE = [[1.0] * 8, [0.0] * 8, [1.0, 1, 1, 0, 0, 0, 0, 0], [0.25, 0.75, 0.5, 1, 0, 0.5, 0.25, 0.75], [0.5] * 8,
+          torch.full((8,), 0.1, dtype=torch.float32).tolist(), [1.0, 0.999, 1, 1, 1, 1, 1, 1]]
+
+
+def _check_the_posterior_refuses_rewards_outside_the_unit_interval():
+    ok = [1.0, 0, 0, 1, 0, 0, 1, 0]
+    for rewards, what in OUTSIDE:
+        h = PromptHistory(half_life=20.0)
+        r = torch.tensor([ok, rewards])
+        h.update(["ok", "q-bad"], r, _advantages(r, "group"), step=3)
+        with pytest.raises(ValueError, match=r"posterior.*'q-bad'.*step 3\).*mean reward"):
+            pruning.posterior_scores(h, ["ok", "q-bad", "new"], 8, step=4)
+        with pytest.raises(ValueError, match="'q-bad'"):
+            pruning.prompt_keep_probs(h, ["q-bad", "ok"], 0.5, scheme="posterior", step=4, group_size=8)
+        # a stale record is read as unseen: nothing of it is used, so nothing to refuse
+        stale = pruning.posterior_scores(h, ["ok", "q-bad"], 8, step=10, max_age=5)
+        assert stale.tolist() == pytest.approx([math.sqrt(1 - 2 / 9)] * 2), what
+        # the schemes that read |A| take the same history
+        assert (pruning.prompt_keep_probs(h, ["q-bad", "ok"], 0.5, scheme="proportional") >= 0.1).all()
+
+
+def test_the_posterior_refuses_rewards_outside_the_unit_interval_naming_the_prompt():
+    _check_the_posterior_refuses_rewards_outside_the_unit_interval()
+
+
+def _check_the_posterior_takes_rewards_in_the_unit_interval():
+    h = PromptHistory(half_life=20.0)
+    ids = [f"q{i}" for i in range(len(INSIDE))]
+    r = torch.tensor(INSIDE, dtype=torch.float64)
+    h.update(ids, r, _advantages(r, "group"), step=0)
+    h.update(ids, r, _advantages(r, "group"), step=1)  # the evidence of two groups
+    s = pruning.posterior_scores(h, [*ids, "new"], 8, step=2)
+    assert ((s >= 0) & (s <= 1)).all() and s[0] < s[-1] and s[1] < s[-1]  # twice solved / failed: less signal
+    assert s[2] > s[0] and s[3] > s[0]  # 3 passes of 8, fractional rewards of mean 0.5: more than solved
+    p = pruning.prompt_keep_probs(h, [*ids, "new"], 0.5, scheme="posterior", min_keep_prob=0.1, step=2, group_size=8)
+    assert ((p >= 0.1) & (p <= 1)).all() and float(p.sum()) == pytest.approx(0.5 * (len(ids) + 1))
+    old = PromptHistory.from_state_dict({"records": {"q": {"mean_reward": 0.75, "reward_std": 0.4,
+                                                           "mean_abs_advantage": 0.8, "step": 1, "seen": 1}}})
+    assert 0 < float(pruning.posterior_scores(old, ["q"], 8, step=1)[0]) < 1  # a record from before the evidence
+
+
+def test_the_posterior_takes_every_reward_in_the_unit_interval():
+    _check_the_posterior_takes_rewards_in_the_unit_interval()
+
+
+REWARD_RANGE_CHECKS = {  # the check each kind of mutant must fail, and how it fails
+    "completions": (_check_completion_probs_take_any_rewards, AssertionError),
+    "prompts": (_check_prompt_probs_from_rewards_outside_the_unit_interval, AssertionError),
+    "posterior_refuses": (_check_the_posterior_refuses_rewards_outside_the_unit_interval, pytest.fail.Exception),
+    "posterior_accepts": (_check_the_posterior_takes_rewards_in_the_unit_interval, ValueError),
+}
+
+
+@pytest.mark.parametrize("mutant", list(REWARD_RANGE_MUTANTS), ids=repr)
+def test_reward_range_mutants_are_caught(monkeypatch, mutant):
+    check, fails_with = REWARD_RANGE_CHECKS[REWARD_RANGE_MUTANTS[mutant]]
+    mutant.install(monkeypatch)
+    with pytest.raises(fails_with):
+        check()

@@ -58,6 +58,7 @@ def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]
     trainer = BenchTrainer(config, progress=False, callbacks=[log_record])
     trainer.stop_hint = ("run the same command again with --resume: the finished runs are kept, this one starts "
                          "again")
+    trainer.checkpoint_on_stop = False  # (a resumed bench runs it from its start, so a checkpoint would go unused)
     trainer.train()
 
 
@@ -79,7 +80,7 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callab
     ``on_record`` is called with every step's metrics and every evaluation (``{"event": "eval", ...}``), as
     they are logged (a notebook draws live curves with it).
 
-    Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``config.json``); checkpoints and the final
+    Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``groups.jsonl``, ``config.json``); checkpoints and the final
     model are removed. ``run.json`` is written last: it marks the run as finished.
     """
     out = Path(config.output_dir)
@@ -144,20 +145,27 @@ def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | No
     return None
 
 
-#: What a bench's run directory holds (``run_method`` starts an unfinished one again, and nothing else)
-BENCH_RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "final", "trl", "trl_args.json", "tensorboard")
+#: What a bench's run directory holds besides what our trainer writes (:func:`dppo_core.checkpoint.writes`): the
+#: TRL peers' arguments and output directory (``run_method`` starts an unfinished run again, and nothing else)
+BENCH_RUN_FILES = ("trl", "trl_args.json")
+
+
+def bench_run_writes(name: str) -> bool:
+    """Whether a bench run (ours or a TRL peer) writes a file or directory of this ``name`` into its directory."""
+    from dppo_core.checkpoint import writes
+
+    return name in BENCH_RUN_FILES or writes(name)
 
 
 def _clear_unfinished_run(out: Path) -> None:
     """Remove an unfinished run of a bench (no ``run.json``) before it runs again; refuse anything else."""
-    from dppo_core.checkpoint import CHECKPOINT_PREFIX, RunExistsError
+    from dppo_core.checkpoint import RunExistsError
 
     if not out.exists():
         return
     if (out / "run.json").exists():
         raise RunExistsError(f"{out} holds a finished bench run (run.json); run_bench(..., resume=True) keeps it")
-    unknown = [p.name for p in out.iterdir() if p.name not in BENCH_RUN_FILES
-               and not p.name.startswith((CHECKPOINT_PREFIX, f".tmp-{CHECKPOINT_PREFIX}", ".tmp-final-"))]
+    unknown = [p.name for p in out.iterdir() if not bench_run_writes(p.name)]
     if unknown:
         raise RunExistsError(f"{out} holds files a bench run does not write ({', '.join(sorted(unknown)[:4])}); "
                              "choose another output directory")
