@@ -149,8 +149,8 @@ def read_jsonl(path: str | Path, spec: BenchmarkSpec | None = None, source: str 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"benchmark file {path} does not exist; pass the path of a .jsonl file, or a benchmark name "
-            f"({', '.join(BENCHMARKS)}) with data_dir= or $DPPO_DATA_DIR"
+            f"{path} does not exist; pass the path of a .jsonl file (one problem/answer object per line), or a "
+            f"benchmark name ({', '.join(BENCHMARKS)}) with data_dir= or $DPPO_DATA_DIR"
         )
     source = source or _name_for_file(path.name) or path.stem
     spec = spec or BENCHMARKS.get(source) or BenchmarkSpec(path.name, "", "", answer_format="auto")

@@ -6,7 +6,7 @@ steps' prompt pruning reads), ``weigh`` them (completion pruning: a keep mask, w
 normaliser C = |B|·G of the whole candidate batch), and take one AdamW step on the weighted loss of the kept
 completions. Embedded warm-started tiny model and arithmetic task, on CPU, seeded; a few seconds a step.
 
-    python examples/own_loop.py [--steps N] [--output-dir DIR]
+    .venv/bin/python examples/own_loop.py [--steps N] [--output-dir DIR]
 
 Writes the estimator's state (its prompt history, what a resumed run loads) to the output directory.
 """

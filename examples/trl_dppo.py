@@ -5,7 +5,7 @@ and weights the kept ones 1/(pi_q p_qi) over the normaliser |B|·G of the whole 
 pruning); TRL does the rest. Embedded warm-started tiny model and arithmetic task, on CPU, a few steps
 (importing TRL takes 10-15 s; then a few seconds a step). Needs TRL: ``pip install 'dppo-core[bench]'``.
 
-    python examples/trl_dppo.py [--steps N] [--output-dir DIR]
+    .venv/bin/python examples/trl_dppo.py [--steps N] [--output-dir DIR]
 
 TRL's output directory is a temporary one unless ``--output-dir`` is given (nothing is checkpointed here).
 """
@@ -13,20 +13,29 @@ TRL's output directory is a temporary one unless ``--output-dir`` is given (noth
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import tempfile
+import warnings
 
-from datasets import Dataset
-from transformers import AutoTokenizer
-from transformers.trainer_callback import PrinterCallback, TrainerCallback
-from trl import GRPOConfig
+# Two messages that say nothing about this example, filtered once here, before the imports that print them:
+# TRL 1.16 warns that vLLM 0.32 is newer than the versions it tests, once per TRL module that checks (five times),
+# though this example never uses vLLM (TRL generates with transformers here); and bitsandbytes' CPU backend logs
+# that an optional 4-bit kernel package is missing, which only QLoRA would use. Other warnings still show.
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: "gemm_4bit_forward" not in record.msg)
 
-from dppo_core.config import DPPOConfig
-from dppo_core.estimator import make_estimator
-from dppo_core.integrations.trl import DPPOGRPOTrainer
-from dppo_core.models import warm_start
-from dppo_core.rewards import accuracy_reward
-from dppo_core.tasks import ArithmeticTask
+from datasets import Dataset  # noqa: E402 - after the filters above
+from transformers import AutoTokenizer  # noqa: E402
+from transformers.trainer_callback import PrinterCallback, TrainerCallback  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+from dppo_core.config import DPPOConfig  # noqa: E402
+from dppo_core.estimator import make_estimator  # noqa: E402
+from dppo_core.integrations.trl import DPPOGRPOTrainer  # noqa: E402
+from dppo_core.models import warm_start  # noqa: E402
+from dppo_core.rewards import accuracy_reward  # noqa: E402
+from dppo_core.tasks import ArithmeticTask  # noqa: E402
 
 P, G = 4, 8  # prompts per generation batch, completions per prompt
 CONFIG = DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, beta=0.0,

