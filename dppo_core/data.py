@@ -10,6 +10,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dppo_core.config import ConfigError, DPPOConfig
@@ -55,14 +56,15 @@ def prompt_key(row: dict[str, Any]) -> str:
 
 
 def check_levels(config: DPPOConfig) -> None:
-    """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-5)."""
-    from dppo_core.tasks import LEVELS
+    """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-6; level 6
+    is beyond the tiny model's reach, :data:`dppo_core.tasks.EXTRA_LEVELS`)."""
+    from dppo_core.tasks import ALL_LEVELS
 
     for name in ("train_levels", "eval_levels"):
         levels = getattr(config, name) or ()
-        if not set(levels) <= set(LEVELS):
-            raise ConfigError(f"{name}={list(levels)!r}: the embedded task has levels {list(LEVELS)}; choose among "
-                              "them, e.g. [2, 3, 4, 5]")
+        if not set(levels) <= set(ALL_LEVELS):
+            raise ConfigError(f"{name}={list(levels)!r}: the embedded task has levels {list(ALL_LEVELS)}; choose "
+                              "among them, e.g. [2, 3, 4, 5]")
 
 
 def build_prompt_source(config: DPPOConfig) -> PromptSource:
@@ -79,8 +81,12 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
             weights.extend([w / len(problems)] * len(problems))
         source = PromptSource(rows, weights)
     else:
-        from dppo_core.benchmark_data import load_benchmark
+        from dppo_core.benchmark_data import BENCHMARKS, load_benchmark
 
+        path = Path(config.task).expanduser()
+        if path.suffix == ".jsonl" and not path.is_file():  # the training data, named as the setting that gave it
+            raise ConfigError(f"task={config.task!r} does not exist; give the path of a .jsonl file of problem/answer "
+                              f"rows, a benchmark name ({', '.join(BENCHMARKS)}), or task='arithmetic'")
         records = load_benchmark(config.task)
         if not records:
             raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "

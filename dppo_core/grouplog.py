@@ -1,6 +1,7 @@
 """``groups.jsonl``: every rolled-out group of every step, compactly, so that what pruning could have saved can be
-computed from a run's own files (:mod:`dppo_core.tools.bench.ceiling`) and predictors of informative groups can be
-compared offline (``benchmarks/predictors.py``).
+computed from a run's own files (:mod:`dppo_core.tools.bench.ceiling`), predictors of informative groups compared
+offline (``benchmarks/predictors.py``), and the persistence of a run's all-equal groups measured (:func:`persistence`:
+what pruning prompts by their history can see).
 
 One line per step that rolled something out::
 
@@ -17,7 +18,8 @@ drops the lines of steps it runs again, like the other logs.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,99 @@ def read_groups(path: str | Path) -> list[dict[str, Any]]:
 def informative(rewards: Sequence[float]) -> bool:
     """A group is informative when its rewards are not all equal (otherwise every advantage is 0)."""
     return len(set(rewards)) > 1
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """How far a prompt's last group tells whether its next one will be all-equal: what prompt pruning from history
+    can see in a run. Counts over a group log; the ratios are None where their denominator is 0.
+
+    A *transition* is a group whose prompt was rolled out before in the log, paired with that prompt's previous group
+    (whatever step it was in). A group is all-equal when its G rewards are all equal (:func:`informative` is False);
+    all-solved / all-unsolved when they all equal the ``solved`` / ``unsolved`` reward given to :func:`persistence`.
+    """
+
+    groups: int  #: groups in the log (every rolled-out group)
+    prompts: int  #: distinct prompt ids
+    all_solved: int  #: groups whose every reward is the solved value
+    all_unsolved: int  #: groups whose every reward is the unsolved value
+    all_equal_other: int  #: all-equal groups at any other value
+    mixed: int  #: informative groups (rewards not all equal)
+    after_equal: int  #: transitions whose previous group was all-equal
+    equal_after_equal: int  #: ... and whose group is all-equal too
+    after_mixed: int  #: transitions whose previous group was mixed
+    equal_after_mixed: int  #: ... and whose group is all-equal
+    prompts_always_solved: int  #: prompts every one of whose groups was all-solved
+    prompts_never_solved: int  #: prompts every one of whose groups was all-unsolved
+    prompts_between: int  #: every other prompt
+
+    @property
+    def p_equal_after_equal(self) -> float | None:
+        """P(all-equal | the prompt's previous group was all-equal)."""
+        return self.equal_after_equal / self.after_equal if self.after_equal else None
+
+    @property
+    def p_equal_after_mixed(self) -> float | None:
+        """P(all-equal | the prompt's previous group was mixed)."""
+        return self.equal_after_mixed / self.after_mixed if self.after_mixed else None
+
+    @property
+    def share_equal_with_equal_previous(self) -> float | None:
+        """Of the all-equal groups that have a previous group, the share whose previous group was all-equal too (the
+        all-equal groups history could have flagged)."""
+        equal = self.equal_after_equal + self.equal_after_mixed
+        return self.equal_after_equal / equal if equal else None
+
+    @property
+    def share_all_equal(self) -> float | None:
+        """The share of all groups that are all-equal."""
+        return 1 - self.mixed / self.groups if self.groups else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts and the ratios (rounded to 4 decimals), for a JSON report."""
+        out: dict[str, Any] = dict(vars(self))
+        for name in ("p_equal_after_equal", "p_equal_after_mixed", "share_equal_with_equal_previous",
+                     "share_all_equal"):
+            value = getattr(self, name)
+            out[name] = None if value is None else round(value, 4)
+        return out
+
+
+def persistence(records: Iterable[dict[str, Any]], *, solved: float = 1.0, unsolved: float = 0.0,
+                keep: Callable[[str], bool] | None = None) -> Persistence:
+    """The persistence of all-equal groups in a group log: :class:`Persistence`'s counts and ratios.
+
+    Args:
+        records: the lines of a ``groups.jsonl`` (:func:`read_groups`), in step order; within a line, groups in the
+            rollout's order. Any method's log will do; a pruned run's shows only the groups it rolled out.
+        solved: the reward of a completion that solved its prompt (the embedded task's accuracy reward: 1).
+        unsolved: the reward of one that did not (0).
+        keep: count only the prompts whose id it accepts (e.g. ``lambda i: i.startswith("L3:")`` for level 3).
+
+    The three figures DPPO's prompt stage lives on are :attr:`Persistence.p_equal_after_equal`,
+    :attr:`Persistence.p_equal_after_mixed` and :attr:`Persistence.share_equal_with_equal_previous`; a prompt's first
+    group has no previous one and enters only the shares of groups and prompts.
+    """
+    last: dict[str, bool] = {}  # prompt id -> was its last group all-equal
+    outcome: dict[str, set[str]] = {}  # prompt id -> kinds of its groups
+    n = {"groups": 0, "all_solved": 0, "all_unsolved": 0, "all_equal_other": 0, "mixed": 0, "after_equal": 0,
+         "equal_after_equal": 0, "after_mixed": 0, "equal_after_mixed": 0}
+    for record in records:
+        for prompt_id, rewards in zip(record["ids"], record["rewards"], strict=True):
+            if keep is not None and not keep(prompt_id):
+                continue
+            equal = not informative(rewards)
+            kind = ("mixed" if not equal else "all_solved" if rewards[0] == solved
+                    else "all_unsolved" if rewards[0] == unsolved else "all_equal_other")
+            n["groups"] += 1
+            n[kind] += 1
+            outcome.setdefault(prompt_id, set()).add(kind)
+            if prompt_id in last:
+                before = "after_equal" if last[prompt_id] else "after_mixed"
+                n[before] += 1
+                n["equal_" + before] += equal
+            last[prompt_id] = equal
+    return Persistence(**n, prompts=len(outcome),
+                       prompts_always_solved=sum(k == {"all_solved"} for k in outcome.values()),
+                       prompts_never_solved=sum(k == {"all_unsolved"} for k in outcome.values()),
+                       prompts_between=sum(k not in ({"all_solved"}, {"all_unsolved"}) for k in outcome.values()))

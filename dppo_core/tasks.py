@@ -2,7 +2,7 @@
 
 A tiny model trained for a few CPU minutes cannot do competition math, but it can learn arithmetic with a
 spread of difficulty, and a spread is what GRPO learns from and what DPPO's prompt pruning ranks. The task
-has five levels, from one-step small-number problems to multi-step ones:
+has five levels, from one-step small-number problems to multi-step ones, and a sixth beyond the tiny model's reach:
 
 =====  ====================  ====================================
 level  form                  example
@@ -12,7 +12,14 @@ level  form                  example
 3      a+b (2 digit each)    ``75+72``
 4      a-b or a*b            ``83-47``, ``47*6``
 5      (a+b)*c or (a-b)*c    ``(23+14)*6``
+6      a*b (2 digit each)    ``47*36``
 =====  ====================  ====================================
+
+Levels 1-5 (:data:`LEVELS`) are the task the tiny model is built and warm-started on, and what
+``ArithmeticTask()`` holds by default. Level 6 (:data:`EXTRA_LEVELS`) is only there when asked for
+(``ArithmeticTask(levels=[..., 6])``, ``train_levels: [..., 6]``): the warm start never saw a two-digit by
+two-digit product, so its prompts are the ones a real training set has that the model never solves. Adding it
+changed no problem, split or order of levels 1-5, and nothing built from the default task.
 
 Every problem has two reference solutions: a *direct* one (only ``\\boxed{answer}``) and a *worked* one
 that splits the work into easier sub-operations before boxing the answer, e.g.
@@ -31,7 +38,12 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+#: The levels of the default task: what the tiny model's tokenizer and warm start are built on.
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
+#: Levels beyond the warm start's reach, in a task only when named (``ArithmeticTask(levels=...)``).
+EXTRA_LEVELS: tuple[int, ...] = (6,)
+#: Every level a task or a configuration may name.
+ALL_LEVELS: tuple[int, ...] = LEVELS + EXTRA_LEVELS
 #: Share of each level's problem space held out for testing (by stable hash of the question).
 TEST_FRACTION = 0.2
 #: The instruction appended to every question; asks for the answer in ``\boxed{}``.
@@ -131,6 +143,10 @@ def _worked_steps(p: Problem) -> list[str]:
     if p.level in (2, 3):
         a, b = map(int, q.split("+"))
         return _add_steps(a, b)
+    if p.level == 6:
+        # 47*36: 40*36=1440. 7*36=252. 1440+252=1692. (level 4's distributive steps, the multiplier two-digit)
+        a, c = map(int, q.split("*"))
+        return _mul_steps(a, c)
     if p.level == 4:
         if "*" in q:
             a, c = map(int, q.split("*"))
@@ -179,15 +195,20 @@ def _level_space(level: int) -> Iterator[Problem]:
                     yield Problem(5, f"({a}+{b})*{c}", (a + b) * c)
                     if b < a:
                         yield Problem(5, f"({a}-{b})*{c}", (a - b) * c)
+    elif level == 6:
+        for a in range(10, 100):
+            for b in range(10, 100):
+                yield Problem(6, f"{a}*{b}", a * b)
     else:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        raise ValueError(f"level must be one of {ALL_LEVELS}, got {level!r}")
 
 
 class ArithmeticTask:
     """The embedded task: per level, the train and test problems.
 
     Args:
-        levels: the levels to include (default all five).
+        levels: the levels to include (default :data:`LEVELS`, the five the tiny model is built on; any of
+            :data:`ALL_LEVELS` may be named).
 
     The split is fixed (a stable hash of the question decides), so ``ArithmeticTask().test(3)`` is the
     same list on every machine. Sampling methods take an explicit ``random.Random`` so callers control
@@ -195,9 +216,9 @@ class ArithmeticTask:
     """
 
     def __init__(self, levels: Sequence[int] = LEVELS):
-        bad = [lvl for lvl in levels if lvl not in LEVELS]
+        bad = [lvl for lvl in levels if lvl not in ALL_LEVELS]
         if bad or not levels:
-            raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)!r}")
+            raise ValueError(f"levels must be a non-empty subset of {ALL_LEVELS}, got {list(levels)!r}")
         self.levels = tuple(sorted(set(levels)))
         self._train: dict[int, list[Problem]] = {}
         self._test: dict[int, list[Problem]] = {}

@@ -416,6 +416,22 @@ def test_eval_benchmark_without_local_copy_offline(small_model_dir, monkeypatch,
     assert err.startswith("error: benchmark 'math500': /no/such/dir/math500_test.jsonl does not exist")
 
 
+def test_a_missing_jsonl_file_is_named_by_the_setting_that_gave_it(small_model_dir, tmp_path, capsys):
+    """`task=` is training data and `--benchmarks` what eval reads: each names the file once, as the user typed it,
+    without calling training data a "benchmark file" or saying "benchmark" twice."""
+    missing = tmp_path / "nope.jsonl"
+    code, err = _cli(capsys, "train", "--preset", "tiny-grpo", "--output-dir", tmp_path / "out",
+                     f"model={small_model_dir}", f"task={missing}")
+    assert code == 2 and err == (f"error: task={str(missing)!r} does not exist; give the path of a .jsonl file of "
+                                 "problem/answer rows, a benchmark name (gsm8k, gsm8k_train, math500, aime24, amc23, "
+                                 "minerva_math, olympiadbench, math), or task='arithmetic'\n"), err
+    err = _eval_fails(["--model", str(small_model_dir), "--benchmarks", f"gsm8k,{missing}"], capsys)
+    assert err == (f"error: --benchmarks {missing}: no such file; pass an existing .jsonl file (one problem/answer "
+                   "object per line) or a benchmark name (gsm8k, gsm8k_train, math500, aime24, amc23, minerva_math, "
+                   "olympiadbench, math)"), err
+    assert err.count("benchmark") == 2 and "benchmark file" not in err    # the option's name, and "a benchmark name"
+
+
 def test_eval_model_path_does_not_exist(tmp_path, capsys):
     # the model is checked first: the unknown benchmark is not reached
     err = _eval_fails(["--model", "./no/such/model", "--benchmarks", "gsm9k"], capsys)
@@ -525,7 +541,7 @@ def test_every_train_input_error_is_one_line(small_model_dir, tmp_path, capsys, 
     elif case == "bad task file":
         extra, match = [f"task={tmp_path / 'bad.jsonl'}"], r"bad.jsonl:2: not valid JSON"
     elif case == "unknown level":
-        extra, match = ["train_levels=[7]"], r"train_levels=\[7\]: the embedded task has levels \[1, 2, 3, 4, 5\]"
+        extra, match = ["train_levels=[7]"], r"train_levels=\[7\]: the embedded task has levels \[1, 2, 3, 4, 5, 6\]"
     elif case == "output dir is a file":
         out, match = tmp_path / "afile", r"output_dir='.*afile' is a file; choose a directory"
     else:
@@ -616,6 +632,27 @@ def test_bench_and_demo_refuse_a_directory_that_holds_a_bench(tmp_path, capsys, 
     (run / "metrics.jsonl").write_text("{}\n")
     _clear_unfinished_run(run)
     assert not run.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# dppo advise: the run directory it reads
+# --------------------------------------------------------------------------------------------------
+
+
+def test_advise_on_a_directory_without_a_group_log_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    code, err = _cli(capsys, "advise", missing)
+    assert code == 2 and err == (f"error: {missing} does not exist; pass a run's output directory, the one holding "
+                                 "groups.jsonl (e.g. runs/tiny-grpo)\n"), err
+    code, err = _cli(capsys, "advise", tmp_path)
+    assert code == 2 and err == (f"error: {tmp_path} has no groups.jsonl; dppo train and dppo bench write one per run "
+                                 "(unless log_groups is false); for another trainer, write one line per step with "
+                                 "dppo_core.grouplog.group_record and dppo_core.checkpoint.append_jsonl\n"), err
+    (tmp_path / "groups.jsonl").write_text('{"step": 1, "ids": ["a"], "rewards": [[1, 0]]}\n')
+    code, err = _cli(capsys, "advise", tmp_path, "--json")
+    assert code == 2 and err.startswith(f"error: {tmp_path / 'groups.jsonl'}: the line of step 1 is not a group "
+                                        "record (no lengths); each line needs step, ids, pi, rewards and lengths")
+    assert len(err.splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -83,3 +83,21 @@ def test_replay_scores_each_group_before_it_is_seen():
     unseen = 1 - 1 / 3 - 1 / 3  # Beta(1, 1), G = 2: P(k = 0) = P(k = 2) = 1/3
     assert out["posterior-hinf"]["p"][0] == out["posterior-hinf"]["p"][1] == pytest.approx(unseen)
     assert out["hindsight"]["p"][0] == pytest.approx(predictors.p_informative(3.0, 1.0, 2))  # the other group: 2 of 2
+
+
+def test_the_realistic_pool_rule_solves_the_two_target_shares():
+    """benchmarks/level_success.py: with level 1 always all-correct, level 6 always all-wrong and levels 2-5 always
+    mixed, the weights for 30% all correct and 20% all wrong are 0.3, 0.5 (split over levels 2-5) and 0.2."""
+    level_success = _load("level_success")
+    assert level_success.shares([8, 8, 0, 3], 8) == {"all_correct": 0.5, "all_wrong": 0.25, "mixed": 0.25,
+                                                     "mean_success": 19 / 32}
+    per_level = {1: {"all_correct": 1.0, "all_wrong": 0.0, "mixed": 0.0, "mean_success": 1.0},
+                 6: {"all_correct": 0.0, "all_wrong": 1.0, "mixed": 0.0, "mean_success": 0.0},
+                 **{lvl: {"all_correct": 0.0, "all_wrong": 0.0, "mixed": 1.0, "mean_success": 0.5}
+                    for lvl in (2, 3, 4, 5)}}
+    out = level_success.solve_weights(per_level, 0.3, 0.2)
+    assert out["exact"] == pytest.approx({"level_1": 0.3, "levels_2_5": 0.5, "level_6": 0.2})
+    assert out["levels"] == [1, 2, 3, 4, 5, 6]
+    assert out["level_weights"] == pytest.approx([0.3, 0.125, 0.125, 0.125, 0.125, 0.2])
+    assert out["expected_shares"]["all_correct"] == pytest.approx(0.3)
+    assert out["expected_shares"]["all_wrong"] == pytest.approx(0.2)

@@ -1,16 +1,17 @@
 """The embedded arithmetic task: answers, worked solutions, split and sampling."""
 
+import hashlib
 import random
 import re
 
 import pytest
 
-from dppo_core.tasks import LEVELS, ArithmeticTask, Problem, parse_boxed_int, uses_steps
+from dppo_core.tasks import ALL_LEVELS, EXTRA_LEVELS, LEVELS, ArithmeticTask, Problem, parse_boxed_int, uses_steps
 
 
 @pytest.fixture(scope="module")
 def task():
-    return ArithmeticTask()
+    return ArithmeticTask(ALL_LEVELS)
 
 
 def _eval(expr: str) -> int:
@@ -19,14 +20,14 @@ def _eval(expr: str) -> int:
 
 
 def test_every_answer_is_the_expression_value(task):
-    for level in LEVELS:
+    for level in ALL_LEVELS:
         for p in task.train(level) + task.test(level):
             assert p.answer == _eval(p.question), p
 
 
 @pytest.mark.parametrize("style", ["steps", "direct"])
 def test_every_solution_boxes_the_right_answer(task, style):
-    for level in LEVELS:
+    for level in ALL_LEVELS:
         for p in task.train(level) + task.test(level):
             assert parse_boxed_int(p.solution(style)) == p.answer, (p, p.solution(style))
 
@@ -34,14 +35,14 @@ def test_every_solution_boxes_the_right_answer(task, style):
 def test_every_worked_step_is_true_arithmetic(task):
     """Each 'x=y.' step of a worked solution is a correct equation (so steps never teach wrong facts)."""
     rng = random.Random(0)
-    for level in LEVELS:
+    for level in ALL_LEVELS:
         for p in rng.sample(task.train(level), min(300, len(task.train(level)))):
             for lhs, rhs in re.findall(r"([0-9+\-*()]+)=(-?\d+)\.", p.solution("steps")):
                 assert _eval(lhs) == int(rhs), (p, lhs, rhs)
 
 
 def test_every_level_has_a_worked_and_a_direct_form(task):
-    for level in LEVELS:
+    for level in ALL_LEVELS:
         for p in task.train(level)[:20]:
             assert uses_steps(p.solution("steps")), p.solution("steps")
             assert p.solution("steps").startswith(f"{p.question}: ")
@@ -51,14 +52,43 @@ def test_every_level_has_a_worked_and_a_direct_form(task):
 
 
 def test_split_is_disjoint_fixed_and_about_the_configured_size(task):
-    for level in LEVELS:
+    for level in ALL_LEVELS:
         train = {p.question for p in task.train(level)}
         test = {p.question for p in task.test(level)}
         assert not train & test
         share = len(test) / (len(train) + len(test))
         assert 0.1 < share < 0.3, (level, share)
-    again = ArithmeticTask()
+    again = ArithmeticTask(ALL_LEVELS)
     assert [p.id for p in again.test_set(50)] == [p.id for p in task.test_set(50)]
+
+
+def test_level_6_is_two_digit_products_worked_as_level_4_multiplies():
+    """Beyond the warm start's reach: a*b with both two-digit, its worked form split by the tens of a, as level 4's."""
+    assert Problem(6, "47*36", 1692).solution("steps") == "47*36: 40*36=1440. 7*36=252. 1440+252=1692. \\boxed{1692}"
+    assert Problem(6, "40*36", 1440).solution("steps") == "40*36: 40*36=1440. \\boxed{1440}"
+    six = ArithmeticTask([6])
+    assert len(six.train(6)) + len(six.test(6)) == 90 * 90
+    assert all(re.fullmatch(r"[1-9][0-9]\*[1-9][0-9]", p.question) for p in six.train(6))
+    questions = {p.question for lvl in LEVELS for p in ArithmeticTask().train(lvl) + ArithmeticTask().test(lvl)}
+    assert not questions & {p.question for p in six.train(6) + six.test(6)}, "no level-6 question is another level's"
+
+
+def test_adding_level_6_changed_nothing_of_levels_1_to_5():
+    """The default task is levels 1-5 (what the tokenizer and the warm start are built from, and every evaluation
+    default), and its problems, answers, worked solutions, split and orders are those from before level 6 existed:
+    the digest below was computed from the task as it was then."""
+    default = ArithmeticTask()
+    assert default.levels == LEVELS == (1, 2, 3, 4, 5) and EXTRA_LEVELS == (6,) and ALL_LEVELS == (1, 2, 3, 4, 5, 6)
+    h = hashlib.sha256()
+    for level in default.levels:
+        for p in default.train(level) + default.test(level):
+            h.update(f"{p.id}|{p.answer}|{p.solution('steps')}\n".encode())
+    assert h.hexdigest() == "00cfbadc2e31dd0a920966f508f72893c0f56fa2dc1ff8fec88868740b47dc0a"
+    assert [p.id for p in default.sample_train(random.Random(0), 5)] == [
+        "L5:(39+17)*7", "L4:92-90", "L3:44+40", "L2:76+8", "L3:50+74"]
+    assert [p.id for p in default.test_set(1)] == ["L1:9+3", "L2:72+8", "L3:35+66", "L4:64-61", "L5:(42-29)*7"]
+    full = ArithmeticTask(ALL_LEVELS)
+    assert all(full.train(lvl) == default.train(lvl) and full.test(lvl) == default.test(lvl) for lvl in LEVELS)
 
 
 def test_levels_span_one_step_to_multi_step(task):
@@ -73,11 +103,14 @@ def test_levels_span_one_step_to_multi_step(task):
 
 
 def test_sample_train_is_reproducible_and_respects_weights(task):
-    a = task.sample_train(random.Random(1), 200, [1, 0, 0, 0, 1])
-    b = task.sample_train(random.Random(1), 200, [1, 0, 0, 0, 1])
+    default = ArithmeticTask()
+    a = default.sample_train(random.Random(1), 200, [1, 0, 0, 0, 1])
+    b = default.sample_train(random.Random(1), 200, [1, 0, 0, 0, 1])
     assert a == b
     assert {p.level for p in a} == {1, 5}
     assert all(not p.is_test for p in a)
+    c = task.sample_train(random.Random(1), 200, [0, 0, 0, 0, 1, 1])
+    assert {p.level for p in c} == {5, 6} and all(not p.is_test for p in c)
 
 
 def test_bad_arguments_name_the_problem(task):
@@ -85,6 +118,10 @@ def test_bad_arguments_name_the_problem(task):
         task.sample_train(random.Random(0), 3, [1, 1])
     with pytest.raises(ValueError, match="levels"):
         ArithmeticTask(levels=[0, 9])
+    with pytest.raises(ValueError, match="levels"):
+        ArithmeticTask(levels=[7])
+    with pytest.raises(ValueError, match="level_weights"):
+        task.sample_train(random.Random(0), 3, [1, 1, 1, 1, 1])  # six levels, five weights
     with pytest.raises(ValueError, match="style"):
         Problem(1, "1+1", 2).solution("verbose")
 
@@ -102,3 +139,19 @@ def test_record_is_conversational():
 )
 def test_parse_boxed_int(text, expected):
     assert parse_boxed_int(text) == expected
+
+
+def test_the_cpu_realistic_pool_mixes_levels_1_to_6(tmp_path):
+    """The bench's cpu-realistic preset trains on a pool with level 6 in it (the shares its README reports); the
+    default train_levels, and the evaluation's levels, stay those of the other presets."""
+    from collections import Counter
+
+    from dppo_core.config import DPPOConfig
+    from dppo_core.data import build_prompt_source
+    from dppo_core.tools.bench.presets import BENCH_PRESETS, method_config
+
+    assert DPPOConfig().train_levels == (2, 3, 4, 5) and DPPOConfig().eval_levels is None
+    config = method_config(BENCH_PRESETS["cpu-realistic"], "grpo_skip", 1, tmp_path)
+    assert config.train_levels == ALL_LEVELS and config.eval_levels == (2, 3, 4, 5)
+    pool = build_prompt_source(config)
+    assert Counter(row["level"] for row in pool.rows) == {1: 57, 2: 49, 3: 43, 4: 39, 5: 36, 6: 32}

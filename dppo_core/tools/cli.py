@@ -1,4 +1,4 @@
-"""The ``dppo`` command line: ``dppo demo``, ``build``, ``eval``, ``train``, ``bench`` and ``doctor``.
+"""The ``dppo`` command line: ``dppo demo``, ``build``, ``eval``, ``train``, ``bench``, ``doctor`` and ``advise``.
 
 Each subcommand is a function ``cmd_<name>(args) -> int`` registered in :func:`build_parser`.
 """
@@ -43,6 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
     from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
     from dppo_core.tools.bench import BENCH_PRESETS, format_levels, format_table, run_bench
+    from dppo_core.tools.bench.report import machine_load
     from dppo_core.tools.bench.run import holds_bench
 
     if not args.resume and not args.overwrite:
@@ -64,6 +65,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     command = " ".join(["dppo", "demo", "--output-dir", shlex.quote(str(args.output_dir)), "--seed", str(args.seed),
                         *(["--n-per-level", str(args.n_per_level)] if args.n_per_level is not None else []),
                         *(["--samples", str(args.samples)] if args.samples is not None else [])])
+    load = machine_load()  # what else runs as the runs start: the table says when its times cannot be trusted
     result = run_bench("demo", args.output_dir, seeds=[args.seed], overrides=overrides, command=command,
                        resume=args.resume, overwrite=args.overwrite)
     before = _first_eval(args.output_dir / "runs" / "grpo" / f"seed-{args.seed}" / "eval.jsonl")
@@ -71,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("\nthe warm-started model on held-out problems (accuracy per level, before training)")
         print(format_levels(before))
     print()
-    print(format_table(result))
+    print(format_table(result, load))
     print(f"\nresults: {args.output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, "
           f"phases.png in {args.output_dir}; total {time.perf_counter() - t0:.0f} s")
     return 0
@@ -98,6 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: --seeds takes integers, got {' '.join(args.seeds)}", file=sys.stderr)
         return 2
     output_dir = args.output_dir or Path("runs") / f"bench-{args.preset}"
+    load = None  # the machine's load as the runs start (not known for --summarize of earlier runs)
     try:
         if args.times_from is not None and not args.summarize:
             raise bench.BenchError("--times-from only applies with --summarize (it reads finished runs)")
@@ -109,6 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds,
                                        times_from=args.times_from)
         else:
+            load = bench.machine_load()
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
                                      overrides=overrides, resume=args.resume, overwrite=args.overwrite,
                                      command=_bench_command(args, output_dir, seeds, overrides))
@@ -119,7 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if result.get("kind") == "systems":  # step times only: the table is already printed, no plots, no README table
         print(f"results: {output_dir / 'bench.json'} and {output_dir / 'bench.md'}")
         return 0
-    print(bench.format_table(result))
+    print(bench.format_table(result, load))
     print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
     if args.readme:
         try:
@@ -244,6 +248,11 @@ def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | N
         if name.lower().replace("-", "_") not in BENCHMARKS:
             raise EvalInputError(f"unknown benchmark {name!r}; known names: {', '.join(BENCHMARKS)} "
                                  "(or the path of a .jsonl file)")
+    for name in names:  # a file that is not there: named as the user typed it, once
+        path = Path(name).expanduser()
+        if path.suffix == ".jsonl" and not path.is_file():
+            raise EvalInputError(f"--benchmarks {name}: no such file; pass an existing .jsonl file (one "
+                                 f"problem/answer object per line) or a benchmark name ({', '.join(BENCHMARKS)})")
     online: bool | None = None
     out = {}
     for name in names:
@@ -361,9 +370,23 @@ def _first_eval(path: Path) -> dict:
     return next((x for x in lines if x.get("step") == 0), {})
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    """Would DPPO help a run? Its persistence, the predictor's separation, each stage's expected saving, the ceiling."""
+    from dppo_core.tools.advise import AdviseError, advise, format_advice
+
+    try:
+        report = advise(args.run_dir, prompt_prune_rate=args.prompt_prune_rate,
+                        completion_prune_rate=args.completion_prune_rate)
+    except AdviseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else format_advice(report))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check this machine for the workshop: one [OK]/[WARN]/[FAIL] line per check; exit 1 on any FAIL."""
-    from dppo_core.tools.doctor import STATUSES, exit_code, format_check, run_checks
+    from dppo_core.tools.doctor import STATUSES, exit_code, format_check, run_checks, where_from
 
     if args.gpu:
         from dppo_core.tools.gpu_check import STEP_METHODS, run_gpu_checks
@@ -373,7 +396,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir, methods=args.methods or STEP_METHODS,
                                 on_result=lambda c: print(format_check(c), flush=True))
     else:
-        print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}", flush=True)
+        print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}: {where_from()}", flush=True)
         checks = run_checks(quick=args.quick, cache_dir=args.cache_dir,
                             on_result=lambda c: print(format_check(c), flush=True))
     counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
@@ -545,6 +568,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help="with --gpu: the methods whose training step is checked (default: every method of ours)")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("advise", help="would DPPO help this run? read off its groups.jsonl (any method's): "
+                                      "persistence, the predictor's separation, each stage's saving, the ceiling")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                   help="a run's output directory holding groups.jsonl (metrics.jsonl and config.json are read "
+                        "where present), or the groups.jsonl itself")
+    p.add_argument("--prompt-prune-rate", type=float, default=0.5,
+                   help="the prompt stage's rate replayed, the expected share of prompts not rolled out (default 0.5)")
+    p.add_argument("--completion-prune-rate", type=float, default=None,
+                   help="the completion stage's rate replayed (default: the tiny-dppo preset's, 0.5)")
+    p.add_argument("--json", action="store_true", help="print every figure as JSON instead of words")
+    p.set_defaults(func=cmd_advise)
     return parser
 
 
@@ -590,7 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        from dppo_core.checkpoint import StopRequest
+
+        if not StopRequest.stopping:  # a training loop's stop has already said what it wrote and what to run next
+            print("\ninterrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # an error the user can fix is one line; a bug keeps its traceback
         line = user_error(exc)

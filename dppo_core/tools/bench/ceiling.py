@@ -11,20 +11,23 @@ baseline's training time over the oracle's, computed per seed from the two runs'
 - ``metrics.jsonl``: the measured per-phase times, to which the cost model is fitted by least squares over the
   baseline's and the method's steps together (the same engine rolls out for both, and both pack what they train):
 
-  * rollout s = r0 + r1 · generated tokens (r0 holds the per-step part, mostly the decode steps until the
-    longest completion ends, which the oracle still pays: its longest completion is about as long);
+  * rollout s = c0 + cL · the step's longest completion + cT · generated tokens (:func:`rollout_fit`). A batched
+    decode runs until its longest completion ends, so the decode steps, not the token count, carry most of a
+    rollout's time (on the committed CPU runs the tokens alone explain R² 0.01-0.10 of it, with the longest
+    completion 0.5-0.6). The oracle's longest completion is the longest of its informative groups;
   * update s = u0 + u1 · trained tokens;
   * everything else (reward, prune, pack, sync and the gaps between phases): the baseline's mean per step (the
     oracle runs the baseline's steps, so it keeps their bookkeeping).
 
-  Where a fit's R² is under :data:`MIN_R2` (within a run the token counts vary too little to tell r0 from r1: on
-  the CPU bench the rollout's R² is about 0.01), that phase is taken as proportional to its tokens instead
-  (r0 = 0), which can only raise the ceiling (:func:`cost_fit`; ``model`` in each fit says which was used).
+  Every coefficient is kept >= 0 (a time never shrinks with more work: :func:`nonnegative_fit`). Where a fit's R² is
+  under :data:`MIN_R2`, that phase is taken as proportional to its tokens instead (no per-step or per-decode-step
+  part), which can only raise the ceiling (:func:`cost_fit`; ``model`` in each fit names the one used, and the
+  fallback is named in the bench report).
 
   The oracle's step s trains κ × the informative tokens of the baseline's step s, κ the method's own trained
   tokens over the tokens of its informative groups (its completion pruning; 1 when it keeps every completion of
-  an informative group). Its time is Σ_s r0 + r1 N_s + u0 + u1 κ N_s + other, N_s the informative tokens (a step
-  with N_s = 0 pays only ``other``). The fits keep a, b >= 0 (:func:`linear_fit`).
+  an informative group). Its time is Σ_s c0 + cL L_s + cT N_s + u0 + u1 κ N_s + other, N_s the informative tokens
+  and L_s their longest completion (a step with N_s = 0 pays only ``other``).
 
 The ceiling is given over the whole run (``speedup``) and, per target, up to the baseline's time to that target
 (``by_target``: the share of informative groups falls as the policy learns, so the two differ); the fraction
@@ -70,6 +73,43 @@ def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
 MIN_R2 = 0.5
 
 
+def nonnegative_fit(columns: Mapping[str, Sequence[float]], y: Sequence[float]) -> dict[str, float]:
+    """Least squares y = c0 + Σ_k c_k x_k with every coefficient >= 0: ``{"c0", <each column's name>, "r2"}``.
+
+    Exact for a few columns: every subset of the coefficients is fitted freely, and the best fit whose coefficients
+    are all >= 0 is kept (the constraint's solution is one of them); an empty model predicts 0."""
+    ys = np.asarray(y, dtype=float)
+    if len(ys) == 0:
+        raise ValueError("no steps to fit the cost model to")
+    names = ["c0", *columns]
+    design = np.column_stack([np.ones(len(ys)), *(np.asarray(columns[k], dtype=float) for k in columns)])
+    best, best_sse = np.zeros(len(names)), float(ys @ ys)
+    for mask in range(1, 2 ** len(names)):
+        used = [j for j in range(len(names)) if mask >> j & 1]
+        coef, *_ = np.linalg.lstsq(design[:, used], ys, rcond=None)
+        if (coef < 0).any():
+            continue
+        sse = float(((ys - design[:, used] @ coef) ** 2).sum())
+        if sse < best_sse - 1e-12 * max(1.0, best_sse):
+            best, best_sse = np.zeros(len(names)), sse
+            best[used] = coef
+    total = float(((ys - ys.mean()) ** 2).sum())
+    return {**{k: float(v) for k, v in zip(names, best, strict=True)},
+            "r2": 1.0 - best_sse / total if total else 1.0}
+
+
+def rollout_fit(longest: Sequence[float], tokens: Sequence[float], seconds: Sequence[float]) -> dict[str, Any]:
+    """The rollout's cost, c0 + cL · longest completion + cT · generated tokens (``model: "decode-aware"``), fitted
+    with every coefficient >= 0; when its R² is under :data:`MIN_R2`, the time taken as proportional to the tokens
+    (``model: "proportional"``: c0 = cL = 0, cT = Σ seconds / Σ tokens), which can only raise the ceiling."""
+    fit = nonnegative_fit({"c_longest": longest, "c_tokens": tokens}, seconds)
+    if fit["r2"] >= MIN_R2:
+        return {**fit, "model": "decode-aware"}
+    total = float(np.sum(tokens))
+    return {"c0": 0.0, "c_longest": 0.0, "c_tokens": float(np.sum(seconds)) / total if total else 0.0,
+            "r2": fit["r2"], "model": "proportional"}
+
+
 def cost_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
     """:func:`linear_fit` (``model: "affine"``) when its R² is at least :data:`MIN_R2`; otherwise the time taken as
     proportional to ``x`` (``model: "proportional"``: a = 0, b = Σy / Σx). The proportional model lets the oracle
@@ -91,6 +131,20 @@ def informative_tokens(groups: Sequence[Mapping[str, Any]]) -> dict[int, int]:
             for g in groups}
 
 
+def longest_completion(groups: Sequence[Mapping[str, Any]], only_informative: bool = False) -> dict[int, int]:
+    """Per step, its longest completion in tokens (of its informative groups only, 0 where none)."""
+    return {g["step"]: max((max(lens, default=0) for r, lens in zip(g["rewards"], g["lengths"], strict=True)
+                            if informative(r) or not only_informative), default=0) for g in groups}
+
+
+def _per_step(values: Mapping[int, int], metrics: Sequence[Mapping[str, Any]], who: str) -> list[int]:
+    missing = [m["step"] for m in metrics if m["step"] not in values]
+    if missing:
+        raise ValueError(f"the {who}'s groups.jsonl has no line for step(s) {missing[:5]}: it and metrics.jsonl must "
+                         "come from the same run")
+    return [values[m["step"]] for m in metrics]
+
+
 def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Sequence[Mapping[str, Any]],
                    method_metrics: Sequence[Mapping[str, Any]], method_groups: Sequence[Mapping[str, Any]],
                    until: Mapping[str, float | None] | None = None) -> dict[str, Any]:
@@ -104,23 +158,23 @@ def oracle_ceiling(base_metrics: Sequence[Mapping[str, Any]], base_groups: Seque
     if not base or not steps:
         raise ValueError("the baseline's or the method's metrics.jsonl has no steps")
     both = [*base, *steps]  # the same engine and packing for both: one fit over their steps
-    rollout = cost_fit([m["tokens_generated"] for m in both], [m["time_rollout"] for m in both])
+    longest = [*_per_step(longest_completion(base_groups), base, "baseline"),
+               *_per_step(longest_completion(method_groups), steps, "method")]
+    rollout = rollout_fit(longest, [m["tokens_generated"] for m in both], [m["time_rollout"] for m in both])
     update = cost_fit([m["tokens_trained"] for m in both], [m["time_update"] for m in both])
     other = float(np.mean([m["step_time"] - m["time_rollout"] - m["time_update"] for m in base]))
     own_informative = sum(informative_tokens(method_groups).values())
     kappa = sum(m["tokens_trained"] for m in steps) / own_informative if own_informative else 1.0
-    useful = informative_tokens(base_groups)
-    missing = [m["step"] for m in base if m["step"] not in useful]
-    if missing:
-        raise ValueError(f"the baseline's groups.jsonl has no line for step(s) {missing[:5]}: it and metrics.jsonl "
-                         "must come from the same run")
+    useful = _per_step(informative_tokens(base_groups), base, "baseline")
+    useful_longest = _per_step(longest_completion(base_groups, only_informative=True), base, "baseline")
     # a step without an informative group rolls out and trains nothing (the oracle knows), but still pays `other`
-    oracle_steps = [(rollout["a"] + rollout["b"] * n + update["a"] + update["b"] * kappa * n if n else 0.0) + other
-                    for n in (useful[m["step"]] for m in base)]
+    oracle_steps = [(rollout["c0"] + rollout["c_longest"] * length + rollout["c_tokens"] * n
+                     + update["a"] + update["b"] * kappa * n if n else 0.0) + other
+                    for n, length in zip(useful, useful_longest, strict=True)]
     base_steps = [m["step_time"] for m in base]
     oracle, base_time = sum(oracle_steps), sum(base_steps)
     out = {"speedup": base_time / oracle if oracle > 0 else None, "baseline_s": base_time, "oracle_s": oracle,
-           "informative_token_share": sum(useful.values()) / max(1, sum(m["tokens_generated"] for m in base)),
+           "informative_token_share": sum(useful) / max(1, sum(m["tokens_generated"] for m in base)),
            "kappa": kappa, "rollout_fit": rollout, "update_fit": update, "other_s_per_step": other}
     if until is not None:
         out["by_time"] = {name: _ratio_until(t, base_steps, oracle_steps) for name, t in until.items()}

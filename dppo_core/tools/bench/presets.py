@@ -18,7 +18,7 @@ from dppo_core.config import preset as training_preset
 
 #: Every method the bench knows, in the order of the plots' colours.
 METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
-                            "dppo_paper")
+                            "dppo_paper", "dppo_budget")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -33,6 +33,9 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "grpo": {"pruning": "none"},
     # the tiny-dppo preset's pruning (unbiased, fixed-size sampling), plus dense packing of what is kept
     "dppo": {**DPPO_PRUNING, "packing": True, "max_tokens_per_row": 128},
+    # dppo spending what the prompt stage saves as a rollout budget instead of a full batch: only the kept prompts of
+    # each step's candidates are rolled out (no dense refill), so fewer rollouts and a smaller batch per step
+    "dppo_budget": {**DPPO_PRUNING, "dense_prompts": False, "packing": True, "max_tokens_per_row": 128},
     # the biased baselines at DPPO's nominal rates: CPPO keeps the top half of each group by |A|; GRESO
     # skips a prompt whose last group was all right or all wrong with probability 0.5
     "cppo": {"pruning": "cppo", "completion_prune_rate": 0.5},
@@ -133,6 +136,51 @@ CPU_BASELINES_SETTING: dict[str, Any] = {"train_pool_size": 256, "max_steps": 60
                                          "eval_problems_per_level": 100, "eval_samples": 2, "save_steps": 0,
                                          **CPU_BENCH_SETTING}
 
+#: How long `make demo` (`dppo demo`) takes once the warm-started model is there: 79-81 s in all over three runs
+#: on an idle 2-core machine (AVX2 kernels), 80 s with the current rollout loop (docs/quickstart.md). The one
+#: source of that time: the demo prints it as it starts (the preset's ``runtime``), ``dppo bench --list`` lists it,
+#: and tests/test_readme.py keeps the README's quick start saying the same.
+DEMO_TIME = "about 1.5 minutes"
+
+#: The cpu-realistic pool: the embedded task's levels mixed so that, for the shipped warm-started model, the shares
+#: of prompts it solves every time, never, and sometimes resemble what RL runs on real data start from. Target and
+#: rule written before anything was measured (issue #50):
+#:
+#: - **Target**, per group of G = 8 completions at the training temperature (T = 1) from the warm start (step 0):
+#:   30% all correct, 20% all wrong, 50% mixed; half the groups all-equal at the start, and more as training
+#:   solves prompts. The curated cpu-baselines pool (levels 2-5) has few prompts at exactly p = 1 or 0: many of
+#:   its all-equal groups are p ~ 0.9 prompts that came out 8/8 by chance, which history cannot tell apart.
+#: - **Grounds**: GRESO (Zheng et al., arXiv 2506.02177, abstract and its reward-dynamics analysis): prompts that
+#:   are zero-variance in one epoch are likely to stay so in later ones ("strong temporal consistency"; the issue
+#:   reads more than 90% off its figure), and late in training over 80% of the sampled prompts are zero-variance
+#:   (as the Emergent Mind summary of GRESO puts it). POLARIS (An et al., 2025, the HKU NLP blog "POLARIS: A
+#:   POst-training recipe for scaling RL on Advanced ReasonIng modelS"): DeepScaleR-40K rated by 8 rollouts per
+#:   problem of R1-Distill-Qwen-1.5B and -7B gives mirror-image difficulty distributions, the stronger model's
+#:   massed at 8/8, so an uncurated set is mostly solved-every-time or never-solved for a given model; POLARIS
+#:   then recommends a "mirrored J" mix, a slight bias toward hard problems, after dropping the 8/8 ones. DAPO
+#:   (Yu et al., arXiv 2503.14476, dynamic sampling): groups of accuracy 1 (and 0) grow over training, so DAPO
+#:   over-samples and drops them. A practitioner's pre-flight check of a curated set on its base model found
+#:   about 40% of the prompts with zero signal (deepchokshi.in, "60% of your dataset is doing the work"). The
+#:   target sits between the curated 40% and the late-training 80%, on the solved side as the J shape is.
+#: - **Rule**: levels 2-5 keep equal weights among themselves (the cpu-baselines mix of learnable prompts); level
+#:   1 (the warm start solves it almost always) supplies the all-correct groups and level 6 (two-digit products,
+#:   never seen by the warm start, :data:`dppo_core.tasks.EXTRA_LEVELS`) the all-wrong ones. The three free weights
+#:   (level 1, levels 2-5 together, level 6; summing to 1) are set so that the expected shares of 8/8 and 0/8 groups,
+#:   from each level's measured distribution of successes out of 8 (300 training prompts per level, G = 8, T = 1,
+#:   64 tokens, the trainer's rollout and reward code), equal the target, rounded to 0.05. The pool of 256 is then
+#:   drawn by these weights as for every preset (:meth:`dppo_core.data.PromptSource.pool`).
+#:
+#: Measured (benchmarks/results/realistic-pool/README.md): the per-level distributions, the weights, and the pool's
+#: persistence in a grpo_skip run (:func:`dppo_core.grouplog.persistence`): P(all-equal | previous all-equal) 0.81
+#: against 0.68 on the curated pool, 77% of the all-equal groups flagged by their previous one against 63%; level 6
+#: exactly persistent, level 1 not (the warm start at T = 1 gets 5% of even level 1 wrong), so below GRESO's 90%.
+CPU_REALISTIC_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+#: Levels 1-6 by the rule above, from benchmarks/results/realistic-pool/level_success.json (exact solution 0.304,
+#: 0.577 for levels 2-5 together, 0.118; expected shares 30.1% all correct, 18.5% all wrong, 51.4% mixed).
+CPU_REALISTIC_WEIGHTS: tuple[float, ...] = (0.3, 0.15, 0.15, 0.15, 0.15, 0.1)
+CPU_REALISTIC_SETTING: dict[str, Any] = {**CPU_BASELINES_SETTING, "train_levels": list(CPU_REALISTIC_LEVELS),
+                                         "level_weights": list(CPU_REALISTIC_WEIGHTS), "eval_levels": [2, 3, 4, 5]}
+
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
         "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not the methods",
@@ -146,7 +194,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         base="tiny-grpo", methods=("grpo", "dppo"),
         overrides={"train_pool_size": 128, "prompts_per_step": 16, "max_steps": 30, "eval_steps": 10,
                    "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
-        method_overrides=CPU_BENCH_METHODS, runtime="about 3 minutes on 2 CPU cores, after the warm start"),
+        method_overrides=CPU_BENCH_METHODS, runtime=f"{DEMO_TIME} on 2 CPU cores, after the warm start"),
     BenchPreset(
         "cpu-full", "all five methods on the tiny-grpo setting without its KL term, a pool of 256 prompts, "
                     "60 steps, two seeds",
@@ -177,6 +225,13 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         overrides={**CPU_BASELINES_SETTING, "max_steps": 120, "eval_steps": 20},
         method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3),
         runtime="about 25 minutes on 2 CPU cores (9 runs of 2-5 minutes); --seeds 1 2 3 4 5 for five seeds"),
+    BenchPreset(
+        "cpu-realistic", "a pool shaped like real RL data for the warm start (issue #50): levels 1-6 mixed so that "
+                         "about 30% of the groups start all correct, 20% all wrong (level 6, beyond the model's "
+                         "reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated on levels 2-5",
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo", "dppo_budget"),
+        overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
+        runtime="20 runs of the cpu-baselines size (60 steps of 32 prompts); --seeds 1 for a first look"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",

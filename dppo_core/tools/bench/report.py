@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,50 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
 
 SAME_TRAINING_KEYS = ("loss", "tokens_generated", "tokens_trained")  # what must match for times_from
 
+#: A run's step times are "spread out" when their interquartile range exceeds this fraction of their median. The
+#: committed CPU runs made on a quiet machine stay at or under 0.5 (GRESO's, whose batches vary by design, are the
+#: widest); the ones known to have run beside other load are at 1.0-2.7.
+SPREAD_LIMIT = 0.75
+
+
+def step_time_spread(metrics: Sequence[Mapping[str, Any]]) -> float | None:
+    """The interquartile range of a run's step times over their median; None for fewer than 4 steps."""
+    times = [m["step_time"] for m in metrics if m.get("step_time") is not None]
+    if len(times) < 4 or statistics.median(times) <= 0:
+        return None
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return (q3 - q1) / statistics.median(times)
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(the load average over the last minute, the CPU count), or None where the system has no load average."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None
+
+
+def timing_notes(result: Mapping[str, Any], load: tuple[float, int] | None = None) -> list[str]:
+    """Why the table's times and speedups may not be trusted: the machine was busy (``load``, the load average and
+    CPU count measured as the runs started, above the core count), or a run's step times are spread out (their
+    interquartile range over ``SPREAD_LIMIT`` times their median: something else competed for the CPU part of the
+    time). Accuracies and token counts do not depend on either. Empty when neither is seen."""
+    notes = []
+    if load is not None and load[0] > load[1]:
+        notes.append(f"the machine was busy as the runs started (load average {load[0]:.1f} over the last minute, "
+                     f"{load[1]} CPUs)")
+    spread = [f"{r['method']} seed {r['seed']} ({r['step_time_spread']:.2f})" for r in result.get("runs", [])
+              if r.get("step_time_spread") is not None and r["step_time_spread"] > SPREAD_LIMIT]
+    if spread:
+        notes.append(f"step times vary widely within {', '.join(spread)}: interquartile range over median step "
+                     f"time, above {SPREAD_LIMIT} (quiet runs stay under it)")
+    if not notes:
+        return []
+    return [f"timing note: {note}" for note in notes] + [
+        "the times and speedups (to target, step s, x step, x wall, x target, of bound) can be off by a factor: "
+        "something else used the CPUs; accuracies and token counts are not affected; run again on a quiet machine "
+        "to compare speed"]
+
 
 def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """``metrics`` with every time (``step_time``, ``time_*``) replaced by ``timing``'s, after checking that both
@@ -194,7 +239,8 @@ def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int
             machine = machine or info.get("machine")
             config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
             run = summarize_run(metrics, read_jsonl(d / "eval.jsonl"), config.get("max_grad_norm"))
-            runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run})
+            runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run,
+                                           "step_time_spread": step_time_spread(metrics)})
     return runs, machine
 
 
@@ -233,8 +279,10 @@ def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def format_table(result: Mapping[str, Any]) -> str:
-    """The results as a fixed-width table: one row per method."""
+def format_table(result: Mapping[str, Any], load: tuple[float, int] | None = None) -> str:
+    """The results as a fixed-width table: one row per method, then what it means, and :func:`timing_notes`
+    (``load``: :func:`machine_load` as the runs started) when its times cannot be trusted. With one seed the
+    final accuracy has no spread over seeds: ``n/a``, not ``± 0.000``."""
     w = max(9, *(len(name) for name in result["methods"]))
     ref = result.get("reference", "grpo")
     head = (f"{'method':<{w}} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
@@ -245,7 +293,7 @@ def format_table(result: Mapping[str, Any]) -> str:
         acc = m["accuracy"]
         sp = result[f"speedup_vs_{ref}"][name]
         tokens = m["tokens"]
-        after = f"{fmt(acc['after'])} ± {fmt(acc['after_std'])}"
+        after = f"{fmt(acc['after'])} ± " + (fmt(acc['after_std']) if len(result["seeds"]) > 1 else "n/a")
         ttt = fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
         lines.append(
             f"{name:<{w}} {m['steps']:>5} {fmt(acc['before']):>10} {after:>15} {ttt:>9} "
@@ -258,8 +306,10 @@ def format_table(result: Mapping[str, Any]) -> str:
                  f"{seeds}; target {result['target_accuracy']:.3f} ({TARGET_FRACTION:.0%} of {ref}'s final); "
                  "times are training time (sum of step times)")
     lines.append(f"x step / x wall / x target: speedup over {ref} in median step time, training time and time to "
-                 "target; bound: the speedup the token counts predict; of bound: x wall / bound")
-    return "\n".join(lines)
+                 "target; bound: the speedup the token counts predict; of bound: x wall / bound"
+                 + ("; ± n/a: one seed, so no spread over seeds" if len(seeds) == 1 else ""))
+    notes = timing_notes(result, load)
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 #: Markers around the README's results table, which :func:`update_readme` rewrites from a ``bench.json``.
@@ -358,7 +408,23 @@ def format_ceiling(result: Mapping[str, Any], ref: str, fractions: Sequence[str]
             t = c.get("by_target", {}).get(f, {})
             cells.append(f"{fmt(t.get('ceiling'), '.2f', 'x')}, {fmt(t.get('fraction_reached'), '.0%')}")
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {c['speedup']:.2f}x ({seeds}) |")
+    lines += ["", "Rollout cost model (c0 + cL · longest completion + cT · generated tokens, fitted per seed to both "
+                  "runs' steps): " + "; ".join(f"`{name}` {_rollout_models(c)}" for name, c in rows) + "."]
     return lines
+
+
+def _rollout_models(ceiling: Mapping[str, Any]) -> str:
+    """The rollout fits of a ceiling's seeds in words: which model, and the range of its R²."""
+    fits = [s["rollout_fit"] for s in ceiling.get("seeds", []) if "rollout_fit" in s]
+    if not fits:
+        return "not recorded"
+    r2 = [f["r2"] for f in fits]
+    proportional = sum(f.get("model") == "proportional" for f in fits)
+    said = f"R² {min(r2):.2f}-{max(r2):.2f}"
+    if proportional:
+        said += (f", the proportional fallback (time per generated token) in {proportional} of {len(fits)} seeds, "
+                 "where R² < 0.5")
+    return said
 
 
 def format_intervals(result: Mapping[str, Any]) -> list[str]:
