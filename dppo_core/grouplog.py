@@ -53,15 +53,20 @@ def read_groups(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no group log; runs write it unless log_groups is False (runs made "
                                 "before it existed have none)")
+    return sorted((r for r in read_records(path) if "rewards" in r), key=lambda r: r["step"])
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a run's ``.jsonl`` log; a line cut off by a crash (or anything not an object) is skipped."""
     out = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and "rewards" in record:
+        if isinstance(record, dict):
             out.append(record)
-    return sorted(out, key=lambda r: r["step"])
+    return out
 
 
 def informative(rewards: Sequence[float]) -> bool:

@@ -42,7 +42,7 @@ import torch
 
 from dppo_core.config import ConfigError, preset
 from dppo_core.estimator import DPPOEstimator, make_estimator
-from dppo_core.grouplog import FILENAME, informative, persistence, read_groups
+from dppo_core.grouplog import FILENAME, informative, persistence, read_groups, read_records
 from dppo_core.grpo import group_advantages
 from dppo_core.pruning import posterior_scores
 
@@ -83,19 +83,6 @@ def _check_record(record: Mapping[str, Any], path: Path) -> None:
                           "dppo_core.grouplog.group_record writes them") from None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file; a line cut off by a crash (or anything not an object) is skipped."""
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
 def load_run(run: str | Path) -> dict[str, Any]:
     """A run's group log (required), metrics and config (None where absent or unreadable): ``{"dir", "groups",
     "metrics", "config"}``. ``run`` is a run directory, or the path of its ``groups.jsonl``. Raises
@@ -119,7 +106,7 @@ def load_run(run: str | Path) -> dict[str, Any]:
     for g in groups:
         _check_record(g, groups_path)
     folder = groups_path.parent
-    metrics = _read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else None
+    metrics = read_records(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else None
     config = None
     if (folder / "config.json").is_file():
         try:
