@@ -26,7 +26,7 @@ PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
 SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
-PROMPT_SCHEMES = (*SCHEMES, "posterior")  # prompt_scheme: posterior scores every prompt by its whole history
+PROMPT_SCHEMES = (*SCHEMES, "posterior", "fitted")  # prompt_scheme: posterior scores every prompt by its whole history
 COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
 LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: learning_rate_at below
@@ -138,7 +138,8 @@ class DPPOConfig:
     """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q),
     ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q) or ``"posterior"``
     (proportional to sqrt(P(the next group is informative)) under a Beta-binomial posterior over the prompt's
-    success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior)."""
+    success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior) or
+    ``"fitted"`` (proportional to that P itself, under a Beta prior fitted to the pool's pass counts: sharper)."""
     completion_scheme: str = "proportional"
     """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o;
     variance-minimising when a completion's gradient size is proportional to |A|), ``"length"`` (to

@@ -5,11 +5,15 @@ in checkpoints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+#: A fitted prior needs at least this many prompts seen; with fewer, :meth:`PromptHistory.fitted_prior` is uniform.
+MIN_PRIOR_GROUPS = 20
 
 
 @dataclass
@@ -97,6 +101,31 @@ class PromptHistory:
         if rec is None or (max_age is not None and step is not None and step - rec.step > max_age):
             return None
         return rec.mean_abs_advantage
+
+    def pass_counts(self, group_size: int) -> torch.Tensor:
+        """How many prompts' last groups had k = 0..G passes (G x the mean reward, rounded; rewards in [0, 1])."""
+        k = torch.tensor([round(group_size * min(1.0, max(0.0, r.mean_reward))) for r in self.records.values()],
+                         dtype=torch.long)
+        return torch.bincount(k, minlength=group_size + 1)[: group_size + 1].to(torch.float64)
+
+    def fitted_prior(self, group_size: int) -> tuple[float, float]:
+        """A Beta(a, b) prior on a prompt's success rate fitted to the pool: the maximum marginal likelihood
+        (Beta-binomial) of every seen prompt's last pass count (:meth:`pass_counts`), on a log grid over
+        a, b in [0.02, 50] (empirical Bayes). Real pools are J- or U-shaped (many prompts solved always or never),
+        which a uniform prior cannot say: after one 8/8 group Beta(1, 1) still puts P(the next group is mixed)
+        at 0.47, where a pool like that has about 0.2. Uniform (1, 1) while fewer than :data:`MIN_PRIOR_GROUPS`
+        prompts have been seen. The fit reads only groups already rolled out, so a keep probability built on it
+        is still fixed before the step's draw."""
+        counts = self.pass_counts(group_size)
+        if counts.sum() < MIN_PRIOR_GROUPS:
+            return 1.0, 1.0
+        grid = torch.logspace(math.log10(0.02), math.log10(50.0), 80, dtype=torch.float64)
+        a, b, k = grid[:, None, None], grid[None, :, None], torch.arange(group_size + 1, dtype=torch.float64)
+        # log P(k) under Beta-binomial(G, a, b) without the binomial coefficient (constant in a, b)
+        log_p = (torch.lgamma(k + a) + torch.lgamma(group_size - k + b) - torch.lgamma(group_size + a + b)
+                 - torch.lgamma(a) - torch.lgamma(b) + torch.lgamma(a + b))
+        i, j = divmod(int((log_p * counts).sum(-1).argmax()), grid.numel())
+        return float(grid[i]), float(grid[j])
 
     def degenerate_fraction(self) -> float:
         return sum(r.degenerate for r in self.records.values()) / max(1, len(self.records))

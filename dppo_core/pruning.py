@@ -47,6 +47,8 @@ Keep-probability schemes (``rate`` = r):
   rewards in [0, 1] and refuses others (:func:`check_pass_rates`). The other schemes read the rewards only
   through |A|, so they take any finite rewards (rewards a·r + b, a > 0, give the same probabilities up to the
   eps of group scaling).
+* ``"fitted"`` (prompts) — ``proportional`` on P(informative) itself (the square of ``posterior``'s score), the
+  prior fitted to the pool (:meth:`PromptHistory.fitted_prior`): sharper, where history can see (issue #50's sweep).
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
   the variance-minimising shape per token trained for independent draws when a completion's gradient size is
   ∝ |A|·len^(1/2−γ) (docs/estimator.md); near-optimal where that holds only roughly.
@@ -306,11 +308,12 @@ def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) ->
     m, v = record.mean_reward, record.reward_std ** 2
     if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
         raise ValueError(
-            f"prompt_scheme 'posterior' reads rewards as pass rates in [0, 1], but prompt {prompt_id!r}'s last "
-            f"group (step {record.step}) had mean reward {m:.6g} and std {record.reward_std:.6g}, which rewards in "
-            "[0, 1] cannot have: its evidence was clipped into [0, 1] and the posterior would be wrong. Rescale "
-            "the rewards into [0, 1] (e.g. (r - min) / (max - min), or combine_rewards with weights summing to 1 "
-            "over rewards in [0, 1]), or use prompt_scheme 'paper' or 'proportional', which read only |A|")
+            f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
+            f"{prompt_id!r}'s last group (step {record.step}) had mean reward {m:.6g} and std "
+            f"{record.reward_std:.6g}, which rewards in [0, 1] cannot have: its evidence was clipped into [0, 1] and "
+            "the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
+            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
+            "'proportional', which read only |A|")
 
 
 def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
@@ -364,9 +367,10 @@ def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: f
     :func:`dense_window`).
     """
     _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
-    if scheme == "posterior":
-        values = posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age,
-                                  scale_rewards=scale_rewards)
+    if scheme in ("posterior", "fitted"):  # fitted: P(informative) itself, under the pool's fitted prior
+        prior = history.fitted_prior(group_size) if scheme == "fitted" else (1.0, 1.0)
+        values = posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,
+                                  scale_rewards=scale_rewards) ** (2 if scheme == "fitted" else 1)
         return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob, budget=budget)
     scores = [history.score(pid, step, max_age) for pid in prompt_ids]
     forced = torch.tensor([s is None for s in scores], dtype=torch.bool)

@@ -80,9 +80,12 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
         assert set(m["phase_s"]) == set(PHASES) and all(_is_num(v) and v >= 0 for v in m["phase_s"].values())
         assert set(m["tokens"]) == {"generated", "trained", "row_capacity", "update_real"}
         assert all(isinstance(v, int) for v in m["tokens"].values())
-        assert m["tokens"]["generated"] > 0 and 0 < m["tokens"]["trained"] <= m["tokens"]["row_capacity"], name
+        # dynamic sampling trains only groups whose rewards differ: the untrained model's are all 0 (tested with
+        # signal in test_bench_baselines.py)
+        untrained = name in ("dapo_sampling", "greso_sampling") and m["tokens"]["trained"] == 0
+        assert m["tokens"]["generated"] > 0 and (untrained or 0 < m["tokens"]["trained"]), name
         assert m["tokens"]["trained"] <= m["tokens"]["update_real"] <= m["tokens"]["row_capacity"], name
-        if not name.startswith("trl"):  # TRL's logs have no weights or gradient norms
+        if not name.startswith("trl") and not untrained:  # TRL's logs have no weights or gradient norms
             assert _is_num(m["ess_per_step"]) and m["ess_per_step"] > 0 and 0 <= m["clip_rate"] <= 1, name
         acc = m["accuracy"]
         for key in ("before", "after", "after_std"):
@@ -114,7 +117,11 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
     for method in METHODS:
         for seed in (0, 1):
             d = out / "runs" / method / f"seed-{seed}"
-            steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            steps = [m for m in lines if "step_time" in m]
+            # the offline filter's line comes first, before the steps (its time and tokens are the run's)
+            assert [m.get("event") for m in lines if m not in steps] == (["prefilter"] if method == "grpo_skip_filtered"
+                                                                       else []), (method, seed)
             evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
             assert [s["step"] for s in steps] == [1, 2, 3], (method, seed)
             assert [e["step"] for e in evals] == [0, 1, 2, 3], (method, seed)  # eval_steps=1, before and after
@@ -471,6 +478,23 @@ def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
     assert run["eval_stderr_max"] == 0.05  # the one evaluation that logs it
 
 
+
+def test_summarize_run_counts_an_offline_filter_as_training_time_and_tokens():
+    """grpo_skip_filtered's filter runs before the first step: its time starts the clock, its tokens count."""
+    steps = [{"step": 1, "step_time": 2.0, "tokens_generated": 100, "tokens_trained": 60},
+             {"step": 2, "step_time": 3.0, "tokens_generated": 120, "tokens_trained": 90}]
+    evals = [{"step": 0, "sampled_accuracy": 0.4}, {"step": 1, "sampled_accuracy": 0.5},
+             {"step": 2, "sampled_accuracy": 0.6}]
+    plain = summarize_run(steps, evals)
+    run = summarize_run([{"event": "prefilter", "step": 0, "time_prefilter": 7.0, "tokens_generated": 400}, *steps],
+                        evals)
+    assert plain["prefilter_s"] == 0.0 and run["prefilter_s"] == 7.0
+    assert run["wall_s"] == pytest.approx(plain["wall_s"] + 7.0) and run["steps"] == plain["steps"] == 2
+    assert [p["train_s"] for p in run["curve"]] == pytest.approx([7.0, 9.0, 12.0])
+    assert run["tokens"]["generated"] == plain["tokens"]["generated"] + 400 == 620
+    assert run["step_time_s"] == plain["step_time_s"]  # the filter is not a step
+    assert time_to_target(run["curve"], 0.55) == pytest.approx(10.5)
+
 def _run(after, wall, ttt, curve_accs=(0.4, 0.5), generated=1000):
     return {"wall_s": wall, "eval_s": 1.0, "steps": 10,
             "step_time_s": {"median": wall / 10, "min": 0.0, "max": wall / 5},
@@ -515,20 +539,21 @@ def test_runs_are_interleaved_and_the_order_rotates_per_seed():
 def test_every_preset_builds_valid_configs_that_differ_only_by_the_method(name, tmp_path):
     preset = BENCH_PRESETS[name]
     configs = {m: method_config(preset, m, 7, tmp_path) for m in preset.methods}
-    grpo = configs["grpo"].to_dict()
+    ref = bench.reference_method(preset.methods)  # grpo, or grpo_skip where a preset runs no grpo
+    base = configs[ref].to_dict()
     for m, config in configs.items():
         assert isinstance(config, DPPOConfig) and config.seed == 7
         assert config.output_dir == str(tmp_path / "runs" / m / "seed-7")
-        changed = {k for k, v in config.to_dict().items() if grpo[k] != v} - {"output_dir"}
-        assert changed <= set(bench.method_settings(preset, m)), (m, changed)
+        changed = {k for k, v in config.to_dict().items() if base[k] != v} - {"output_dir"}
+        assert changed <= set(bench.method_settings(preset, m)) | set(bench.method_settings(preset, ref)), (m, changed)
         if m in METHOD_OVERRIDES and m not in bench.DERIVED_METHODS:
-            halved = {"prompts_per_step": grpo["prompts_per_step"] // 2} if m in bench.HALF_BATCH_METHODS else {}
+            halved = {"prompts_per_step": base["prompts_per_step"] // 2} if m in bench.HALF_BATCH_METHODS else {}
             assert bench.method_settings(preset, m) == {**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {}),
                                                         **halved}
         assert config.train_pool_size is not None, "every method samples one fixed pool of prompts"
     if "trl_grpo" in configs:
         args = trl_grpo_args(configs["trl_grpo"], tmp_path)
-        c = configs["grpo"]
+        c = configs[ref]
         assert args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] == \
             c.prompts_per_step * c.num_generations
         assert (args["learning_rate"], args["beta"], args["max_completion_length"], args["num_generations"]) == \

@@ -285,6 +285,56 @@ def test_posterior_prompt_scheme_spends_the_budget_where_signal_is_likely():
         prompt_keep_probs(h, ids, 0.5, scheme="length")
 
 
+def _history_with_pass_counts(counts: list[int], g: int = 8) -> PromptHistory:
+    """A history whose prompts' last groups had k = 0..G passes ``counts[k]`` times."""
+    h = PromptHistory(half_life=20.0)
+    rows = [[1.0] * k + [0.0] * (g - k) for k, n in enumerate(counts) for _ in range(n)]
+    r = torch.tensor(rows, dtype=torch.float64)
+    h.update([f"q{i}" for i in range(len(rows))], r, _advantages(r, "group"), step=0)
+    return h
+
+
+def test_the_fitted_prior_recovers_the_pool_it_was_drawn_from():
+    """Pass counts in the exact proportions of a Beta-binomial: the maximum marginal likelihood is at its (a, b),
+    to the grid's spacing (a factor 1.104); a J-shaped pool gives a, b < 1, a bell-shaped one a, b > 1."""
+    for a, b in ((0.3, 0.15), (5.0, 5.0), (2.0, 0.5)):
+        counts = [round(10_000 * x) for x in beta_binomial_pmf(a, b, 8)]
+        fa, fb = _history_with_pass_counts(counts).fitted_prior(8)
+        assert fa == pytest.approx(a, rel=0.12) and fb == pytest.approx(b, rel=0.12), (a, b, fa, fb)
+    # a pool solved always or never, and one solved half the time: the two shapes a uniform prior cannot tell apart
+    assert max(_history_with_pass_counts([40, 0, 0, 0, 0, 0, 0, 5, 55]).fitted_prior(8)) < 1
+    assert min(_history_with_pass_counts([0, 2, 10, 25, 30, 25, 10, 2, 0]).fitted_prior(8)) > 1
+
+
+def test_the_fitted_prior_is_uniform_until_enough_prompts_were_seen():
+    from dppo_core.history import MIN_PRIOR_GROUPS
+
+    few = _history_with_pass_counts([MIN_PRIOR_GROUPS - 1, 0, 0, 0, 0, 0, 0, 0, 0])
+    assert few.fitted_prior(8) == (1.0, 1.0) and PromptHistory().fitted_prior(8) == (1.0, 1.0)
+    assert _history_with_pass_counts([MIN_PRIOR_GROUPS, 0, 0, 0, 0, 0, 0, 0, 0]).fitted_prior(8) != (1.0, 1.0)
+    assert few.pass_counts(8).tolist() == [MIN_PRIOR_GROUPS - 1] + [0.0] * 8
+
+
+def test_the_fitted_scheme_is_proportional_to_p_informative_under_the_fitted_prior():
+    """``fitted``: π ∝ P(the next group is informative) (the square of the posterior score), the prior fitted to the
+    pool; on a J-shaped pool it keeps a prompt last seen all correct much less often than a mixed one, and less
+    often than ``posterior`` does at the same rate (issue #50's sharper rule)."""
+    h = _history_with_pass_counts([40, 2, 2, 3, 3, 3, 5, 10, 55])
+    ids = ["q0", "q45", "q48", "q100", "new"]  # all wrong, 3 of 8, 4 of 8, all correct, unseen
+    prior = h.fitted_prior(8)
+    p_inf = pruning.posterior_scores(h, ids, 8, step=1, prior=prior) ** 2
+    fitted = prompt_keep_probs(h, ids, 0.5, scheme="fitted", min_keep_prob=0.05, step=1, group_size=8)
+    assert torch.equal(fitted, pruning.keep_probs_from_scores(p_inf, 0.5, min_keep_prob=0.05))
+    posterior = prompt_keep_probs(h, ids, 0.5, scheme="posterior", min_keep_prob=0.05, step=1, group_size=8)
+    for solved in (0, 3):
+        assert fitted[solved] / fitted[2] < posterior[solved] / posterior[2] < 1
+    assert fitted[3] / fitted[2] < 0.35  # the uniform prior's √ rule keeps it at more than 0.5 of a mixed one
+    with pytest.raises(ValueError, match="'fitted'"):
+        bad = PromptHistory()
+        bad.update(["x"], torch.tensor([[2.0, 0.0]]), torch.zeros(1, 2), step=0)
+        prompt_keep_probs(bad, ["x"], 0.5, scheme="fitted", step=1, group_size=2)
+
+
 def test_fit_budget_with_costs_hits_the_expected_cost():
     scores = torch.tensor([3.0, 1.0, 0.5, 0.0, 2.0])
     costs = torch.tensor([10.0, 40.0, 5.0, 20.0, 25.0])

@@ -426,7 +426,8 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
         problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator was installed with group_size={g}: "
                         f"every group of {n} completions would be dropped as failed (all advantages 0); set "
                         f"rollout.n={g} or install(estimator, group_size=rollout.n)")
-    posterior_g = getattr(estimator, "group_size", n) if getattr(estimator, "prompt_scheme", "") == "posterior" else n
+    reads_g = getattr(estimator, "prompt_scheme", "") in ("posterior", "fitted")
+    posterior_g = getattr(estimator, "group_size", n) if reads_g else n
     if _prunes_prompts(estimator) and posterior_g != n:
         problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator's group_size={posterior_g}: its posterior "
                         "prompt scheme would score each prompt's next group as that many completions; set its "

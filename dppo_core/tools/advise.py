@@ -161,12 +161,15 @@ def run_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def make_advice_estimator(group_size: int, prompt_prune_rate: float, completion_prune_rate: float | None,
-                          beta: float, scale_rewards: str) -> DPPOEstimator:
+                          beta: float, scale_rewards: str, prompt_scheme: str | None = None) -> DPPOEstimator:
     """The ``tiny-dppo`` preset's estimator at this run's G, KL weight and reward scaling, dense prompts off
-    (``scale_rewards: batch``, which prompt pruning refuses, replayed as ``group``)."""
+    (``scale_rewards: batch``, which prompt pruning refuses, replayed as ``group``); ``prompt_scheme`` replaces the
+    preset's (``posterior``) when given."""
     updates: dict[str, Any] = {"prompt_prune_rate": prompt_prune_rate, "dense_prompts": False,
                                "num_generations": group_size, "beta": beta,
                                "scale_rewards": "group" if scale_rewards == "batch" else scale_rewards}
+    if prompt_scheme is not None:
+        updates["prompt_scheme"] = prompt_scheme
     if completion_prune_rate is not None:
         updates["completion_prune_rate"] = completion_prune_rate
     try:
@@ -288,12 +291,13 @@ def ceiling(groups: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, 
     return out
 
 
-def advise(run: str | Path, prompt_prune_rate: float = 0.5,
-           completion_prune_rate: float | None = None) -> dict[str, Any]:
+def advise(run: str | Path, prompt_prune_rate: float = 0.5, completion_prune_rate: float | None = None,
+           prompt_scheme: str | None = None) -> dict[str, Any]:
     """Every figure of the module docstring for one run, as a JSON-ready dict (ratios rounded to 4 decimals), with
     ``why_not`` where a figure cannot be computed, the ``verdict`` in plain words and the ``assumptions``.
 
-    ``completion_prune_rate``: None takes the preset's (0.5). Raises :class:`AdviseError` for an input that cannot
+    ``completion_prune_rate``: None takes the preset's (0.5); ``prompt_scheme``: None the preset's (``posterior``;
+    ``fitted`` is the sharper one, docs/benchmarks.md). Raises :class:`AdviseError` for an input that cannot
     work."""
     for name, rate in (("--prompt-prune-rate", prompt_prune_rate), ("--completion-prune-rate", completion_prune_rate)):
         if rate is not None and not 0 <= rate < 1:
@@ -302,7 +306,7 @@ def advise(run: str | Path, prompt_prune_rate: float = 0.5,
     groups = loaded["groups"]
     settings = run_settings(loaded["config"])
     estimator = make_advice_estimator(len(groups[0]["rewards"][0]), prompt_prune_rate, completion_prune_rate,
-                                      settings["beta"], settings["scale_rewards"])
+                                      settings["beta"], settings["scale_rewards"], prompt_scheme)
     pers = persistence(groups)
     unit, lo, hi = _rewards_in_unit_interval(groups)
     prompt: dict[str, Any]

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from dppo_core.config import PROMPT_SCHEMES
+
 
 def _add_cache_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -376,7 +378,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
     try:
         report = advise(args.run_dir, prompt_prune_rate=args.prompt_prune_rate,
-                        completion_prune_rate=args.completion_prune_rate)
+                        completion_prune_rate=args.completion_prune_rate, prompt_scheme=args.prompt_scheme)
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -578,6 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the prompt stage's rate replayed, the expected share of prompts not rolled out (default 0.5)")
     p.add_argument("--completion-prune-rate", type=float, default=None,
                    help="the completion stage's rate replayed (default: the tiny-dppo preset's, 0.5)")
+    p.add_argument("--prompt-scheme", choices=PROMPT_SCHEMES, default=None,
+                   help="the prompt keep rule replayed (default: the tiny-dppo preset's, posterior; fitted is sharper "
+                        "where many prompts are solved always or never)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON instead of words")
     p.set_defaults(func=cmd_advise)
     return parser

@@ -18,7 +18,7 @@ from dppo_core.config import preset as training_preset
 
 #: Every method the bench knows, in the order of the plots' colours.
 METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
-                            "dppo_paper", "dppo_budget")
+                            "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -60,6 +60,11 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
                    "completion_prune_rate": 0.5, "completion_scheme": "proportional", "min_completion_keep_prob": 0.2,
                    "drop_zero_advantage": True, "fixed_size_sampling": True, "packing": True,
                    "max_tokens_per_row": 128},
+    # the baselines practitioners run instead (dppo_core.tools.bench.baselines): grpo_skip on a pool filtered
+    # offline by one group per prompt of the initial model; grpo_skip with DAPO's dynamic sampling (a changed
+    # objective: informative groups only); and that with GRESO's skip of prompts last seen all-equal before each round
+    "grpo_skip_filtered": {}, "dapo_sampling": {},
+    "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.5, "packing": True, "max_tokens_per_row": 128},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
@@ -68,7 +73,7 @@ HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
 REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: Methods whose configuration is another method's (with that method's preset and command-line settings)
 #: with their own :data:`METHOD_OVERRIDES` on top.
-DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo"}
+DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip"}
 
 
 class BenchError(ValueError):
@@ -124,7 +129,8 @@ CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
 #: prompts, length-aware completion scheme, sorted design), chosen on seed 0 among 17 variants
 #: (benchmarks/results/ablation/) and by the variance per unit of cost (benchmarks/results/variance_cost.md).
 CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo_paper": {"prompt_prune_rate": 0.8},
-                                                "greso": {"prompt_prune_rate": 0.8}}
+                                                "greso": {"prompt_prune_rate": 0.8},
+                                                "greso_sampling": {"prompt_prune_rate": 0.8}}
 #: The cpu-full setting (a pool of 256 prompts, 60 steps, 400 held-out problems x 2 samples every 10 steps),
 #: shared by cpu-baselines and cpu-peers so their grpo and grpo_skip runs are the same runs. The learning rate
 #: (tiny-grpo's 1e-4, constant) is the tuned one for grpo, grpo_skip, dppo_paper and dppo: the same three rates
@@ -180,6 +186,16 @@ CPU_REALISTIC_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 CPU_REALISTIC_WEIGHTS: tuple[float, ...] = (0.3, 0.15, 0.15, 0.15, 0.15, 0.1)
 CPU_REALISTIC_SETTING: dict[str, Any] = {**CPU_BASELINES_SETTING, "train_levels": list(CPU_REALISTIC_LEVELS),
                                          "level_weights": list(CPU_REALISTIC_WEIGHTS), "eval_levels": [2, 3, 4, 5]}
+#: The cpu-realistic comparison (issue #50, item 3): DPPO in both ways of spending what its prompt stage saves
+#: (dense prompts, a rollout budget) against grpo_skip and the baselines practitioners use instead.
+CPU_REALISTIC_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
+                                          "dppo", "dppo_budget")
+#: DPPO's prompt keep rule on this pool: ``fitted`` (π ∝ P(the next group is informative) under a prior fitted to
+#: the pool), chosen by the offline sweep in benchmarks/results/realistic-pool/README.md before the comparison ran:
+#: replayed on the grpo_skip seed-1 log it rolls out 47.4% all-equal groups where ``posterior`` (the tiny-dppo
+#: preset's) rolls out 55.3%, at the same variance factor within 4%.
+CPU_REALISTIC_METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
+    **CPU_BENCH_METHODS, "dppo": {"prompt_scheme": "fitted"}, "dppo_budget": {"prompt_scheme": "fitted"}}
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
@@ -229,9 +245,9 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         "cpu-realistic", "a pool shaped like real RL data for the warm start (issue #50): levels 1-6 mixed so that "
                          "about 30% of the groups start all correct, 20% all wrong (level 6, beyond the model's "
                          "reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated on levels 2-5",
-        base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo", "dppo_budget"),
-        overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
-        runtime="20 runs of the cpu-baselines size (60 steps of 32 prompts); --seeds 1 for a first look"),
+        base="tiny-grpo", methods=CPU_REALISTIC_METHODS,
+        overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
+        runtime="30 runs of 3-5 minutes on 2 CPU cores (60 steps of 32 prompts); --seeds 1 for a first look"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",

@@ -209,9 +209,17 @@ def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], w
             raise BenchError(f"{where}: step {a['step']} differs from the timing run in {', '.join(diff)} "
                              f"({', '.join(f'{a.get(k)} vs {b.get(k)}' for k in diff)}); times_from takes times "
                              "only from a run that trained identically")
-    times = {m["step"]: {k: v for k, v in m.items() if k == "step_time" or k.startswith("time_")} for m in theirs}
-    return [{**{k: v for k, v in m.items() if k != "step_time" and not k.startswith("time_")}, **times[m["step"]]}
-            if "step_time" in m else m for m in metrics]
+    # an offline filter before the first step (grpo_skip_filtered) is timed like a step
+    ours, theirs = ([m for m in log if m.get("event") == "prefilter"] for log in (metrics, timing))
+    if [m.get("tokens_generated") for m in ours] != [m.get("tokens_generated") for m in theirs]:
+        raise BenchError(f"{where}: the offline filter differs from the timing run's (tokens_generated); times_from "
+                         "takes times only from a run that trained identically")
+    timed = {id(m): t for m, t in zip(ours, theirs, strict=True)}
+    times = {m["step"]: m for m in timing if "step_time" in m}
+    return [{**{k: v for k, v in m.items() if k != "step_time" and not k.startswith("time_")},
+             **{k: v for k, v in (times[m["step"]] if "step_time" in m else timed[id(m)]).items()
+                if k == "step_time" or k.startswith("time_")}}
+            if "step_time" in m or id(m) in timed else m for m in metrics]
 
 
 def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int],
