@@ -137,6 +137,25 @@ def test_persistent_prompts_are_seen_exactly(tmp_path):
     assert "it sees much" in r["verdict"][1]
 
 
+def test_the_fitted_scheme_cuts_more_all_equal_groups_on_a_pool_solved_always_or_never(tmp_path, capsys):
+    """--prompt-scheme fitted on a pool of 30 prompts, 10 always solved, 10 never, 10 half right, seen for 6 steps:
+    the fit is U-shaped, so it rolls out fewer all-equal groups than the uniform prior's √ rule at the same share,
+    for a variance factor still below a random cut's; and what it replays is named."""
+    steps = [[(f"s{i}", [1, 1, 1, 1], [2] * 4) for i in range(10)] + [(f"n{i}", [0, 0, 0, 0], [2] * 4)
+                                                                      for i in range(10)]
+             + [(f"m{i}", [1, 1, 0, 0], [2] * 4) for i in range(10)] for _ in range(6)]
+    run = write_run(tmp_path / "run", steps)
+    post, fitted = advise(run), advise(run, prompt_scheme="fitted")
+    assert post["settings"]["prompt_scheme"] == "posterior" and fitted["settings"]["prompt_scheme"] == "fitted"
+    a, b = post["prompt_stage"], fitted["prompt_stage"]
+    assert a["prompt_share_rolled_out"] == b["prompt_share_rolled_out"] == 0.5
+    assert b["all_equal_share_rolled_out"] < a["all_equal_share_rolled_out"] - 0.1
+    assert b["variance_factor"] < b["random_variance_factor"]
+    assert "fitted to the pool" in " ".join(fitted["assumptions"]) and "uniform prior" in " ".join(post["assumptions"])
+    assert main(["advise", str(run), "--json", "--prompt-scheme", "fitted"]) == 0
+    assert json.loads(capsys.readouterr().out) == fitted
+
+
 def test_history_that_never_repeats_a_prompt_sees_nothing(tmp_path):
     steps = [[(f"s{s}-eq", [1, 1, 1, 1], [3] * 4), (f"s{s}-mix", [1, 0, 0, 0], [3] * 4),
               (f"s{s}-zero", [0, 0, 0, 0], [3] * 4)] for s in range(4)]

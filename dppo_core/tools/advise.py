@@ -443,7 +443,9 @@ def _bottom_line(r: Mapping[str, Any]) -> str:
     return (f"the prompt stage would mostly thin the batch: it cuts the all-equal share by only {100 * drop:.0f} "
             f"points (at least {100 * PAYS_POINTS:.0f} would pay), at about a smaller batch's noise; expect DPPO's "
             f"gain from the update (with both stages it trains {_pct(cs['both_stages_trained_share_of_generated'])} "
-            "of the generated tokens in expectation), not from fewer rollouts")
+            "of the generated tokens in expectation), not from fewer rollouts"
+            + ("; --prompt-scheme fitted replays the sharper rule, which cuts more where many prompts are solved "
+               "always or never" if r["settings"]["prompt_scheme"] != "fitted" else ""))
 
 
 def assumptions(r: Mapping[str, Any]) -> list[str]:
@@ -451,8 +453,10 @@ def assumptions(r: Mapping[str, Any]) -> list[str]:
     s = r["settings"]
     out = ["the replay observes every logged group in order: the logged trajectory is taken as the one a pruned run "
            "would follow (pruning changes which prompts are seen, hence the history and the policy)",
-           f"DPPO as the {s['preset']} preset: prompts kept ∝ √P(informative) under a Beta-binomial posterior "
-           f"(half-life {s['posterior_half_life']:g} steps, floor {s['min_prompt_keep_prob']:g}), dense prompts off "
+           f"DPPO as the {s['preset']} preset: prompts kept ∝ "
+           + ("P(informative) under a Beta-binomial posterior with a prior fitted to the pool (prompt_scheme fitted"
+              if s["prompt_scheme"] == "fitted" else "√P(informative) under a Beta-binomial posterior (uniform prior")
+           + f"; half-life {s['posterior_half_life']:g} steps, floor {s['min_prompt_keep_prob']:g}), dense prompts off "
            f"(the rate saves rollouts rather than refilling the batch); completions by the {s['completion_scheme']} "
            f"scheme (γ {s['length_exponent']:g}, floor {s['min_completion_keep_prob']:g}); every figure is an "
            "expectation over the keep probabilities, not one draw",
