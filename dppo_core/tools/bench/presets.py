@@ -247,7 +247,8 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                          "reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated on levels 2-5",
         base="tiny-grpo", methods=CPU_REALISTIC_METHODS,
         overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
-        runtime="30 runs of 3-5 minutes on 2 CPU cores (60 steps of 32 prompts); --seeds 1 for a first look"),
+        runtime="about 2 hours on 2 CPU cores (30 runs of 1.5-6.5 minutes; dynamic sampling the longest); --seeds 1 "
+                "for a first look"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
