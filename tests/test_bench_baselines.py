@@ -8,6 +8,7 @@ import json
 import zlib
 
 import pytest
+import torch
 
 from dppo_core.config import DPPOConfig
 from dppo_core.data import prompt_key
@@ -103,6 +104,32 @@ def test_greso_sampling_skips_prompts_last_seen_all_equal_before_each_round(smal
     # the candidates they have seen before rollout: fewer are rolled out than drawn
     assert first["window"] >= len(first["ids"]) and second["window"] > len(second["ids"])
     assert set(second["ids"]) <= {prompt_key(r) for r in trainer.prompts.rows}
+
+
+def test_greso_sampling_draws_its_skips_afresh_in_each_round(small_model_dir, tmp_path):
+    """Each round of a step draws its own skips (a shared draw would skip the same positions in every round)."""
+    config = _config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.5, train_pool_size=8)
+    trainer = DynamicSampling(config, reward_funcs=[always_one], progress=False)
+    window = list(trainer.prompts.rows)
+    trainer.estimator.observe([prompt_key(r) for r in window], torch.ones(len(window), 4), torch.zeros(len(window), 4),
+                              0)  # every prompt last seen all-equal: each kept with probability 0.5
+    rounds = [tuple(trainer._round_keep(window, 1, r)) for r in range(MAX_ROUNDS)]
+    assert len(set(rounds)) > 1 and rounds[0] == tuple(trainer.estimator.select([prompt_key(r) for r in window],
+                                                                                1).indices)
+
+
+def test_dynamic_sampling_refuses_weighted_prompt_pruning(small_model_dir, tmp_path):
+    trainer = DynamicSampling(_config(small_model_dir, tmp_path, prompt_prune_rate=0.5), reward_funcs=[always_one],
+                              progress=False)
+    with pytest.raises(ValueError, match="1/π"):
+        trainer.select_prompts(0)
+
+
+def test_the_offline_filter_refuses_to_resume(small_model_dir, tmp_path):
+    trainer = OfflineFilter(_config(small_model_dir, tmp_path), reward_funcs=[always_one], progress=False)
+    trainer.step = 1
+    with pytest.raises(RuntimeError, match="cannot resume"):
+        trainer.train_step()
 
 
 def test_the_offline_filter_drops_the_pools_all_equal_prompts_and_counts_its_cost(small_model_dir, tmp_path):

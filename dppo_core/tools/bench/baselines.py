@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 
+from dppo_core import pruning
 from dppo_core.data import PromptSource, prompt_key
+from dppo_core.estimator import PromptPruning
 from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages
 from dppo_core.rollout import RolloutBatch
@@ -63,7 +65,9 @@ class OfflineFilter(DPPOTrainer):
         and sample the run's prompts from those; returns the metrics line it logs."""
         _single_process(self, "grpo_skip_filtered")
         t0 = time.perf_counter()
-        pool, k = list(self.prompts.rows), self.config.prompts_per_step
+        k, rows_all, weights = self.config.prompts_per_step, list(self.prompts.rows), self.prompts.weights
+        weight = dict(zip(map(prompt_key, rows_all), weights, strict=True)) if weights else None
+        pool = [r for r in rows_all if weight is None or weight[prompt_key(r)] > 0]  # weight 0: never drawn
         kept, tokens, dropped = [], 0, []
         for start in range(0, len(pool), k):
             # seeds below every training step's: the filter's samples are its own
@@ -76,14 +80,17 @@ class OfflineFilter(DPPOTrainer):
                 else:
                     kept.append(row)
         if kept:  # a filter that leaves nothing (e.g. an untrained model) keeps the pool, and says so
-            self.prompts = PromptSource(kept)
+            self.prompts = PromptSource(kept, None if weight is None else [weight[prompt_key(r)] for r in kept])
         return {"event": "prefilter", "step": 0, "time_prefilter": time.perf_counter() - t0, "tokens_generated": tokens,
                 "pool": len(pool), "kept": len(kept) or len(pool), "filter_left_nothing": not kept,
                 "dropped": len(dropped), "dropped_all_correct": sum(r == 1.0 for r in dropped),
                 "dropped_all_wrong": sum(r == 0.0 for r in dropped)}
 
     def train_step(self) -> dict[str, Any]:
-        if not self._filtered and self.step == 0:
+        if not self._filtered:
+            if self.step > 0:  # the filtered pool is not in the checkpoint: a resumed run would train on all of it
+                raise RuntimeError("grpo_skip_filtered cannot resume a run (its filtered pool is not checkpointed); "
+                                   "start it again (a bench resumed with --resume starts unfinished runs again)")
             self._emit(self.prefilter())
         self._filtered = True
         return super().train_step()
@@ -100,9 +107,12 @@ class DynamicSampling(DPPOTrainer):
         if candidates is not None:
             return super().select_prompts(step, candidates)
         _single_process(self, "dynamic sampling")
+        if self.config.pruning not in ("none", "greso") and self.config.prompt_prune_rate > 0:
+            raise ValueError(f"dynamic sampling with pruning {self.config.pruning!r} and prompt_prune_rate > 0 would "
+                             "drop its prompt weights 1/π; use pruning greso (unweighted skips) or prompt_prune_rate 0")
         k, g = self.config.prompts_per_step, self.config.num_generations
         stream = self.prompts.sample(self.config.seed, step, 2 * k * MAX_ROUNDS)
-        informative: list[tuple[dict[str, Any], Any]] = []
+        informative: list[tuple[dict[str, Any], Any, torch.Tensor]] = []
         logged: dict[str, list[Any]] = {"ids": [], "rewards": [], "lengths": []}
         t_rollout = t_reward = 0.0
         rounds, used, rolled, tokens = 0, 0, 0, 0
@@ -110,8 +120,7 @@ class DynamicSampling(DPPOTrainer):
             share = len(informative) / rolled if rolled else 1.0
             want = min(2 * k, max(1, math.ceil((k - len(informative)) / max(share, 1 / (2 * k)))))
             window, used = stream[used:used + want], used + want
-            sel = self.estimator.select([prompt_key(r) for r in window], step)  # greso's skip; all, without one
-            rows = [window[i] for i in sel.indices]
+            rows = [window[i] for i in self._round_keep(window, step, rounds)]
             rounds += 1
             if not rows:
                 continue
@@ -129,11 +138,16 @@ class DynamicSampling(DPPOTrainer):
                 drop = torch.tensor(equal)
                 self.estimator.observe([prompt_key(r) for r, e in zip(rows, equal, strict=True) if e], rewards[drop],
                                        group_advantages(rewards[drop], self.config.scale_rewards), step)
-            informative += [(row, grp) for row, grp, r in zip(rows, batch.groups, rewards, strict=True)
+            informative += [(row, grp, r) for row, grp, r in zip(rows, batch.groups, rewards, strict=True)
                             if not bool((r == r[0]).all())]
+        if len(informative) > k:  # rolled out and informative but not trained: the history still sees them
+            extra = informative[k:]
+            r = torch.stack([rw for _, _, rw in extra])
+            self.estimator.observe([prompt_key(row) for row, _, _ in extra], r,
+                                   group_advantages(r, self.config.scale_rewards), step)
         informative = informative[:k]
-        rows = [row for row, _ in informative]
-        self._cache = (step, rows, RolloutBatch([grp for _, grp in informative]))
+        rows = [row for row, _, _ in informative]
+        self._cache = (step, rows, RolloutBatch([grp for _, grp, _ in informative]))
         rewards = torch.cat(logged["rewards"]) if rolled else torch.zeros(0, g)
         lengths = torch.cat(logged["lengths"]) if rolled else torch.zeros(0, g, dtype=torch.long)
         self._extra = {"time_rollout": t_rollout, "time_reward": t_reward, "tokens_generated": tokens,
@@ -146,6 +160,17 @@ class DynamicSampling(DPPOTrainer):
                        "groups": group_record(step + 1, used, logged["ids"], torch.ones(rolled, dtype=torch.float64),
                                               rewards, lengths)}
         return PromptSelection(list(range(len(rows))), torch.ones(len(rows), dtype=torch.float64), len(rows), rows)
+
+    def _round_keep(self, window: list[dict[str, Any]], step: int, rounds: int) -> list[int]:
+        """Which of a round's candidates to roll out: all, or, with ``greso``, its skips drawn for this round (each
+        round of a step its own draws: the first round's are the estimator's own)."""
+        if self.config.pruning != "greso" or self.config.prompt_prune_rate == 0:
+            return list(range(len(window)))
+        assert isinstance(self.estimator, PromptPruning)  # greso's estimator
+        probs = self.estimator.prompt_probs([prompt_key(r) for r in window], step)
+        stage = "prompts" if rounds == 0 else f"prompts-round-{rounds}"
+        keep = pruning.sample_keep(probs, pruning.step_generator(self.config.seed, step, stage))
+        return keep.nonzero().flatten().tolist()
 
     def rollout(self, step: int, rows: list[dict[str, Any]] | None = None
                 ) -> tuple[list[dict[str, Any]], RolloutBatch]:
