@@ -11,7 +11,8 @@ in expectation), for every rule of :data:`RULES`: the prompt scheme and the keep
 the expected all-equal share of the rolled-out groups (Σ π·[all-equal] / Σ π) against the logged one, and the
 variance factor Σ_{informative} (1/π) / their number, against 2.0 for rolling out half the prompts at random (which
 leaves the all-equal share as logged). Beside them the run's persistence (:func:`dppo_core.grouplog.persistence`):
-P(all-equal | previous all-equal), P(all-equal | previous mixed), the predictor's AUC.
+P(all-equal | previous all-equal), P(all-equal | previous mixed), the predictor's AUC, and the prior the ``fitted``
+rule would fit to the whole log (``fitted_prior_at_end``: Beta(a, b)).
 
 The replay takes the logged trajectory as the one a pruned run would have followed (advise's docstring says what that
 assumes); it draws nothing at random.
@@ -39,6 +40,7 @@ def sweep(run: Path, rate: float = 0.5) -> dict[str, Any]:
         est = make_advice_estimator(len(groups[0]["rewards"][0]), rate, None, 0.0, "group", scheme)
         est.min_prompt_keep_prob = floor
         r = replay_prompt_stage(groups, est)
+        out.setdefault("fitted_prior_at_end", [round(x, 4) for x in est.history.fitted_prior(est.group_size)])
         out["rules"].append({"prompt_scheme": scheme, "min_prompt_keep_prob": floor,
                              **{k: round(r[k], 4) for k in ("all_equal_share_logged", "all_equal_share_rolled_out",
                                                             "variance_factor", "random_variance_factor",

@@ -37,7 +37,7 @@ import torch
 from dppo_core import pruning
 from dppo_core.data import PromptSource, prompt_key
 from dppo_core.estimator import PromptPruning
-from dppo_core.grouplog import group_record
+from dppo_core.grouplog import group_record, informative
 from dppo_core.grpo import group_advantages
 from dppo_core.rollout import RolloutBatch
 from dppo_core.trainer import DPPOTrainer, PromptSelection
@@ -74,11 +74,11 @@ class OfflineFilter(DPPOTrainer):
             rows, batch = self.rollout(-1 - start // k, pool[start:start + k])
             rewards = self.score(rows, batch)
             tokens += batch.num_generated_tokens
-            for row, r in zip(rows, rewards, strict=True):
-                if bool((r == r[0]).all()):
-                    dropped.append(float(r[0]))
-                else:
+            for row, r in zip(rows, rewards.tolist(), strict=True):
+                if informative(r):
                     kept.append(row)
+                else:
+                    dropped.append(r[0])
         if kept:  # a filter that leaves nothing (e.g. an untrained model) keeps the pool, and says so
             self.prompts = PromptSource(kept, None if weight is None else [weight[prompt_key(r)] for r in kept])
         return {"event": "prefilter", "step": 0, "time_prefilter": time.perf_counter() - t0, "tokens_generated": tokens,
@@ -97,8 +97,8 @@ class OfflineFilter(DPPOTrainer):
 
 
 class DynamicSampling(DPPOTrainer):
-    """DAPO's dynamic sampling around the trainer's step (module docstring); with a pruning estimator (``greso``)
-    each round's candidates pass its ``select`` first."""
+    """DAPO's dynamic sampling around the trainer's step (module docstring); with ``pruning: greso`` each round's
+    candidates pass GRESO's skip first (:meth:`_round_keep`)."""
 
     _cache: tuple[int, list[dict[str, Any]], RolloutBatch] | None = None
     _extra: dict[str, Any]
@@ -112,13 +112,13 @@ class DynamicSampling(DPPOTrainer):
                              "drop its prompt weights 1/π; use pruning greso (unweighted skips) or prompt_prune_rate 0")
         k, g = self.config.prompts_per_step, self.config.num_generations
         stream = self.prompts.sample(self.config.seed, step, 2 * k * MAX_ROUNDS)
-        informative: list[tuple[dict[str, Any], Any, torch.Tensor]] = []
+        mixed: list[tuple[dict[str, Any], Any, torch.Tensor]] = []
         logged: dict[str, list[Any]] = {"ids": [], "rewards": [], "lengths": []}
         t_rollout = t_reward = 0.0
         rounds, used, rolled, tokens = 0, 0, 0, 0
-        while len(informative) < k and rounds < MAX_ROUNDS and used < len(stream):
-            share = len(informative) / rolled if rolled else 1.0
-            want = min(2 * k, max(1, math.ceil((k - len(informative)) / max(share, 1 / (2 * k)))))
+        while len(mixed) < k and rounds < MAX_ROUNDS and used < len(stream):
+            share = len(mixed) / rolled if rolled else 1.0
+            want = min(2 * k, max(1, math.ceil((k - len(mixed)) / max(share, 1 / (2 * k)))))
             window, used = stream[used:used + want], used + want
             rows = [window[i] for i in self._round_keep(window, step, rounds)]
             rounds += 1
@@ -133,21 +133,21 @@ class DynamicSampling(DPPOTrainer):
             logged["ids"] += [prompt_key(r) for r in rows]
             logged["rewards"].append(rewards)
             logged["lengths"].append(_group_lengths(batch))
-            equal = [bool((r == r[0]).all()) for r in rewards]
+            equal = [not informative(r) for r in rewards.tolist()]
             if any(equal):  # the dropped groups go into the history now (train_step observes the trained ones)
                 drop = torch.tensor(equal)
                 self.estimator.observe([prompt_key(r) for r, e in zip(rows, equal, strict=True) if e], rewards[drop],
                                        group_advantages(rewards[drop], self.config.scale_rewards), step)
-            informative += [(row, grp, r) for row, grp, r in zip(rows, batch.groups, rewards, strict=True)
-                            if not bool((r == r[0]).all())]
-        if len(informative) > k:  # rolled out and informative but not trained: the history still sees them
-            extra = informative[k:]
+            mixed += [(row, grp, r) for row, grp, r, e in zip(rows, batch.groups, rewards, equal, strict=True)
+                      if not e]
+        if len(mixed) > k:  # rolled out and informative but not trained: the history still sees them
+            extra = mixed[k:]
             r = torch.stack([rw for _, _, rw in extra])
             self.estimator.observe([prompt_key(row) for row, _, _ in extra], r,
                                    group_advantages(r, self.config.scale_rewards), step)
-        informative = informative[:k]
-        rows = [row for row, _, _ in informative]
-        self._cache = (step, rows, RolloutBatch([grp for _, grp, _ in informative]))
+        mixed = mixed[:k]
+        rows = [row for row, _, _ in mixed]
+        self._cache = (step, rows, RolloutBatch([grp for _, grp, _ in mixed]))
         rewards = torch.cat(logged["rewards"]) if rolled else torch.zeros(0, g)
         lengths = torch.cat(logged["lengths"]) if rolled else torch.zeros(0, g, dtype=torch.long)
         self._extra = {"time_rollout": t_rollout, "time_reward": t_reward, "tokens_generated": tokens,
@@ -163,7 +163,7 @@ class DynamicSampling(DPPOTrainer):
 
     def _round_keep(self, window: list[dict[str, Any]], step: int, rounds: int) -> list[int]:
         """Which of a round's candidates to roll out: all, or, with ``greso``, its skips drawn for this round (each
-        round of a step its own draws: the first round's are the estimator's own)."""
+        round of a step its own Bernoulli draws; the first round's are those of the estimator's ``select``)."""
         if self.config.pruning != "greso" or self.config.prompt_prune_rate == 0:
             return list(range(len(window)))
         assert isinstance(self.estimator, PromptPruning)  # greso's estimator

@@ -210,11 +210,11 @@ def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], w
                              f"({', '.join(f'{a.get(k)} vs {b.get(k)}' for k in diff)}); times_from takes times "
                              "only from a run that trained identically")
     # an offline filter before the first step (grpo_skip_filtered) is timed like a step
-    ours, theirs = ([m for m in log if m.get("event") == "prefilter"] for log in (metrics, timing))
-    if [m.get("tokens_generated") for m in ours] != [m.get("tokens_generated") for m in theirs]:
+    our_filter, their_filter = ([m for m in log if m.get("event") == "prefilter"] for log in (metrics, timing))
+    if [m.get("tokens_generated") for m in our_filter] != [m.get("tokens_generated") for m in their_filter]:
         raise BenchError(f"{where}: the offline filter differs from the timing run's (tokens_generated); times_from "
                          "takes times only from a run that trained identically")
-    timed = {id(m): t for m, t in zip(ours, theirs, strict=True)}
+    timed = {id(m): t for m, t in zip(our_filter, their_filter, strict=True)}
     times = {m["step"]: m for m in timing if "step_time" in m}
     return [{**{k: v for k, v in m.items() if k != "step_time" and not k.startswith("time_")},
              **{k: v for k, v in (times[m["step"]] if "step_time" in m else timed[id(m)]).items()
