@@ -24,9 +24,10 @@ import torch
 
 from dppo_core.engines.hf import HFRollout
 from dppo_core.engines.types import SamplingConfig
-from dppo_core.models import load_model, warm_start
+from dppo_core.models import load_model
 from dppo_core.rewards import accuracy_reward
 from dppo_core.tasks import ALL_LEVELS, ArithmeticTask
+from dppo_core.warm_start import warm_start
 
 MIDDLE = (2, 3, 4, 5)
 
@@ -118,7 +119,7 @@ def main() -> None:
         print(f"level {level}: " + ", ".join(f"{k} {v:.3f}" for k, v in per_level[level].items()) + f"; hist {hist}",
               flush=True)
     out = {"prompts_per_level": args.prompts, "generations": args.generations, "temperature": args.temperature,
-           "max_tokens": args.max_tokens, "model": "shipped warm start (dppo_core.models.warm_start())",
+           "max_tokens": args.max_tokens, "model": "shipped warm start (dppo_core.warm_start.warm_start())",
            "levels": {str(lvl): {**per_level[lvl],
                                  "histogram": [raw[lvl].count(c) for c in range(args.generations + 1)]}
                       for lvl in per_level},

@@ -54,13 +54,14 @@ import torch
 
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.logprobs import completion_logprobs_with_grad
-from dppo_core.models import load_model, warm_start
+from dppo_core.models import load_model
 from dppo_core.packing import PackSequence, pack, pack_micro_batches, packed_completion_logprobs, pad
 from dppo_core.rewards import accuracy_reward
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.shared_prefix import NAME as SEGMENTS
 from dppo_core.shared_prefix import register, shared_prefix_logprobs, shared_prefix_micro_batches
 from dppo_core.tasks import ArithmeticTask
+from dppo_core.warm_start import warm_start
 
 
 def pruned_batch(model, tokenizer, args) -> tuple[list[PackSequence], torch.Tensor, int, dict]:

@@ -61,9 +61,10 @@ def worker(spread: str, engine_name: str, args: argparse.Namespace) -> dict:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
 
-    from dppo_core.models import TinyModelConfig, WarmStartConfig, build_tiny_model, load_model, warm_start
+    from dppo_core.models import TinyModelConfig, build_tiny_model, load_model
     from dppo_core.rollout import HFRollout, SamplingConfig
     from dppo_core.tasks import ArithmeticTask
+    from dppo_core.warm_start import WarmStartConfig, warm_start
 
     if spread == "train":
         path = warm_start(WarmStartConfig(), cache_dir=args.cache_dir)

@@ -22,7 +22,7 @@ The rules, written before the runs and the same for every method:
   on the machine during one run does not decide its batch.
 
 ``grpo`` is not tuned over the batch: its gradient equals ``grpo_skip``'s at every batch
-(tests/test_exact_expectation.py), so it learns alike per step and only costs more per step. ``dppo_paper`` is
+(tests/unit/test_exact_expectation.py), so it learns alike per step and only costs more per step. ``dppo_paper`` is
 an ablation and is not tuned either. The tuning seed (0) is not among the reported seeds (1-5).
 
 Every run's logs (``groups.jsonl`` included) stay in ``OUTPUT/b{B}-lr{LR}/runs/METHOD/seed-0``; ``--resume``

@@ -9,7 +9,7 @@ kept busy, load average 4; per-part times in the JSON's ``timings_s``):
 (the Markdown summary goes next to the JSON, ``update_bias.md``; both record the command.)
 
 The pruned loss L̂(θ) and its gradient at parameters fixed before the draw are unbiased for full-batch
-GRPO's (tests/test_unbiased.py). What the optimizer does with them is not, and this measures by how much,
+GRPO's (tests/system/test_unbiased.py). What the optimizer does with them is not, and this measures by how much,
 on the embedded warm-started tiny model and the arithmetic task with the ``cpu-full`` bench preset's
 configurations (:func:`dppo_core.tools.bench.presets.method_config`): ``dppo`` (the bench method ``dppo_paper``, what
 ``dppo`` was when the results were made: prompt rate 0.8 with the paper
@@ -215,7 +215,8 @@ class Batch:
     def full_sequences(self, trainer: DPPOTrainer):
         """Every completion, weight 1, C = P G: full-batch GRPO (the trainer must be on the grpo config)."""
         assert trainer.config.pruning == "none"
-        return trainer.build_sequences(self.batch, self.adv, None, step=0)
+        return trainer.sequences(self.batch, *trainer.weigh(None, None, torch.tensor(self.batch.lengths()), 0,
+                                                         advantages=self.adv, observe=False))
 
     def draw(self, trainer: DPPOTrainer, m: int):
         """Draw m through the trainer's selection and weighting (its estimator must be dppo's)."""

@@ -138,7 +138,8 @@ class Candidates:
         self.mean_norm2 = float(s_gram.sum() / self.P**2)  # ‖ḡ‖², ḡ the candidates' mean S̃_q
 
     def full_sequences(self, trainer: DPPOTrainer):  # what per_completion_grads reads
-        return trainer.build_sequences(self.batch, self.adv, None, step=0)
+        return trainer.sequences(self.batch, *trainer.weigh(None, None, torch.tensor(self.batch.lengths()), 0,
+                                                         advantages=self.adv, observe=False))
 
     def draw(self, estimator, m: int, size: int) -> tuple[int, torch.Tensor, int, float]:
         """One draw: the window W, item weights u over the window's items, prompts rolled out, tokens trained.

@@ -6,11 +6,11 @@ Made with (from the repository root; about 5 minutes a run on 2 cores, each in a
         --output benchmarks/results/warm_start_rebuild/pinned.json
     .venv/bin/python benchmarks/warm_start_rebuild.py --output benchmarks/results/warm_start_rebuild/unpinned.json
 
-The 600 AdamW steps of :func:`dppo_core.models.warm_start` are chaotic in the last bits: on a CPU whose kernels
+The 600 AdamW steps of :func:`dppo_core.warm_start.warm_start` are chaotic in the last bits: on a CPU whose kernels
 differ from those of the machine that built the shipped weights (its fingerprint is in the shipped
 ``warm_start_log.json``), the rebuild is another model. This records by how much: the ratio of the two runs'
 50-step mean losses, the last 100 steps', and greedy accuracy per level (200 test problems a level, 21 on level 1
-which has no more) of both models, evaluated here. ``tests/test_models.py`` holds a rebuild to bounds set from
+which has no more) of both models, evaluated here. ``tests/system/test_models.py`` holds a rebuild to bounds set from
 these files.
 """
 
@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 
 from dppo_core.evaluate import evaluate_task
-from dppo_core.models import SHIPPED_WARM_START, kernel_fingerprint, load_model, warm_start
+from dppo_core.models import load_model
+from dppo_core.numerics import kernel_fingerprint
 from dppo_core.rollout import HFRollout
+from dppo_core.warm_start import SHIPPED_WARM_START, warm_start
 
 
 def greedy_levels(path: Path, n_per_level: int) -> dict[str, dict[str, float]]:

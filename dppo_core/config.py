@@ -4,6 +4,10 @@ Load from YAML with :meth:`DPPOConfig.from_yaml`, override from the command line
 ``key=value`` pairs (:meth:`DPPOConfig.with_overrides`), or start from a named preset
 (:func:`preset`). Field names follow TRL's ``GRPOConfig`` where a user already knows them
 (``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ``max_completion_length``).
+
+Beside it, torch-free like it: :mod:`dppo_core.config_checks` (the enumerations, the checks of every field,
+:class:`ConfigError`) and :mod:`dppo_core.config_files` (reading YAML files, ``base:`` presets, the presets'
+directory). The names the public surface lists are importable from here.
 """
 
 from __future__ import annotations
@@ -16,24 +20,32 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-# The allowed values of the config's enumerated fields, defined here once (torch-free, so this module stays
-# light); dppo_core.grpo and dppo_core.pruning check their arguments against the same tuples.
-UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
-ROLLOUT_ENGINES = ("hf", "vllm", "auto")
-ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")  # rollout_correction: dppo_core.grpo's engine weights
-PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
-SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
-SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
-PROMPT_SCHEMES = (*SCHEMES, "posterior", "fitted")  # prompt_scheme: posterior scores every prompt by its whole history
-COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
-FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
-LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: learning_rate_at below
+from dppo_core.config_checks import (
+    ATTN_IMPLEMENTATIONS,
+    COMPLETION_SCHEMES,
+    FIXED_SIZE_DESIGNS,
+    LOSS_TYPES,
+    LR_SCHEDULES,
+    PROMPT_SCHEMES,
+    PRUNING_MODES,
+    ROLLOUT_CORRECTIONS,
+    ROLLOUT_ENGINES,
+    SCALE_REWARDS,
+    SCHEMES,
+    UPDATE_MODES,
+    ConfigError,
+    check_fields,
+)
+from dppo_core.config_files import BASE_KEY, preset_names, preset_path, read_yaml_mapping, resolve_yaml
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and how to fix it."""
+# The enumerations and ConfigError are defined in dppo_core.config_checks and preset_names in
+# dppo_core.config_files; they are importable from here, where the public surface lists them.
+__all__ = [
+    "ATTN_IMPLEMENTATIONS", "COMPLETION_SCHEMES", "FIXED_SIZE_DESIGNS", "LOSS_TYPES", "LR_SCHEDULES", "PROMPT_SCHEMES",
+    "PRUNING_MODES", "ROLLOUT_CORRECTIONS", "ROLLOUT_ENGINES", "SCALE_REWARDS", "SCHEMES", "UPDATE_MODES",
+    "ConfigError", "DPPOConfig", "field_docs", "field_groups", "learning_rate_at", "preset", "preset_names",
+    "preset_overrides",
+]
 
 
 @dataclass
@@ -278,108 +290,7 @@ class DPPOConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first field that is invalid, and how to fix it."""
-        self._validate_sampling_and_objective()
-        self._validate_pruning()
-        self._validate_layout_and_run()
-
-    def _need(self, cond: bool, name: str, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{name}={getattr(self, name)!r}: {msg}")
-
-    def _validate_sampling_and_objective(self) -> None:
-        need = self._need
-        need(self.num_generations >= 2, "num_generations",
-             "group advantages need at least 2 completions per prompt; use 4-16")
-        need(self.prompts_per_step >= 1, "prompts_per_step", "must be at least 1")
-        need(self.max_completion_length >= 1, "max_completion_length", "must be at least 1 token")
-        need(self.temperature > 0, "temperature", "RL needs sampling: use a temperature > 0, e.g. 1.0")
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(self.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {', '.join(ROLLOUT_ENGINES)}")
-        need(self.rollout_correction in ROLLOUT_CORRECTIONS, "rollout_correction",
-             f"choose one of {', '.join(ROLLOUT_CORRECTIONS)}")
-        need(self.rollout_correction_cap >= 1, "rollout_correction_cap",
-             "the truncation must be >= 1 (below 1 it would shrink on-policy tokens), e.g. 2")
-        need(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-4 (full) or 3e-4 (LoRA)")
-        need(self.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
-        need(0 < self.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")
-        need(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high", "must be > 0 or None")
-        need(self.loss_type in LOSS_TYPES, "loss_type", f"choose one of {', '.join(LOSS_TYPES)}")
-        need(self.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
-        need(self.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
-        need(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
-
-    def _validate_pruning(self) -> None:
-        need = self._need
-        need(self.pruning in PRUNING_MODES, "pruning", f"choose one of {', '.join(PRUNING_MODES)}")
-        for name in ("prompt_prune_rate", "completion_prune_rate"):
-            need(0 <= getattr(self, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
-        need(self.prompt_scheme in PROMPT_SCHEMES, "prompt_scheme", f"choose one of {', '.join(PROMPT_SCHEMES)}")
-        need(self.completion_scheme in COMPLETION_SCHEMES, "completion_scheme",
-             f"choose one of {', '.join(COMPLETION_SCHEMES)}")
-        need(self.fixed_size_design in FIXED_SIZE_DESIGNS, "fixed_size_design",
-             f"choose one of {', '.join(FIXED_SIZE_DESIGNS)}")
-        need(self.posterior_half_life is None or self.posterior_half_life > 0, "posterior_half_life",
-             "must be > 0 steps (e.g. 20) or null (never discounted)")
-        need(self.length_exponent >= 0, "length_exponent", "must be >= 0 (0.5: p ∝ |A| / sqrt(len))")
-        need(self.completion_target_ess is None or self.completion_target_ess > 0, "completion_target_ess",
-             "must be > 0 (an effective number of completions per step, e.g. 64) or null (the fixed rate)")
-        for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
-            need(0 < getattr(self, name) <= 1, name,
-                 "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")
-        need(self.max_tokens_per_row >= 2, "max_tokens_per_row",
-             "a row must hold at least a prompt token and a completion token")
-        need(self.packing_window >= 1, "packing_window", "must be at least 1 (1: next fit in order)")
-        need(self.packing_rows_per_micro_batch >= 1, "packing_rows_per_micro_batch", "must be at least 1 row")
-        need(self.prompt_window_factor >= 1, "prompt_window_factor", "must be at least 1")
-        need(self.history_max_age is None or self.history_max_age >= 1, "history_max_age", "must be >= 1 or null")
-        need(self.pruning != "none" or (self.prompt_prune_rate == 0 and self.completion_prune_rate == 0),
-             "pruning", "prune rates are set but pruning is 'none'; set pruning: dppo (or cppo/greso)")
-        dppo_prunes_prompts = self.pruning == "dppo" and self.prompt_prune_rate > 0
-        need(not (dppo_prunes_prompts and self.loss_type == "dapo"), "loss_type",
-             "dapo divides by the tokens of the rolled-out completions, which prompt pruning changes (the pruned "
-             "loss would be about 1 / mean(keep probability) times the full batch's); use loss_type: dr_grpo (a "
-             "token sum over a constant normaliser) or grpo, or prompt_prune_rate: 0")
-        need(not (dppo_prunes_prompts and self.scale_rewards == "batch"), "scale_rewards",
-             "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would be "
-             "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
-        need(self.pruning != "cppo" or self.prompt_prune_rate == 0, "prompt_prune_rate",
-             "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
-        need(self.pruning != "pods" or self.prompt_prune_rate == 0, "prompt_prune_rate",
-             "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
-        need(self.pruning != "greso" or self.completion_prune_rate == 0, "completion_prune_rate",
-             "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
-
-    def _validate_layout_and_run(self) -> None:
-        need = self._need
-        need(self.update_mode in UPDATE_MODES, "update_mode", f"choose one of {', '.join(UPDATE_MODES)}")
-        need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
-             f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
-        varlen = self.attn_implementation in ("flash_attention_2", "torch_varlen")
-        need(not (varlen and self.device == "cpu"), "attn_implementation",
-             f"{self.attn_implementation} runs on CUDA only; use auto or sdpa on CPU")
-        need(not (varlen and self.shared_prefix), "attn_implementation",
-             f"the shared-prefix layout needs an attention mask, which {self.attn_implementation} does not take; use "
-             "auto (segment attention), sdpa, or set shared_prefix: false")
-        need(self.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
-        need(self.max_steps >= 1, "max_steps", "must be at least 1")
-        need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
-        need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
-             "must be in [0, 1] (a fraction of learning_rate, e.g. 0.1)")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0 (0: no warm-up)")
-        need(self.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
-        need(self.eval_steps >= 0, "eval_steps", "must be >= 0 (0: only before the first step and after the last)")
-        need(self.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
-        need(len(self.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
-        need(self.train_pool_size is None or self.train_pool_size >= 1, "train_pool_size",
-             "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
-        need(self.eval_benchmark_limit is None or self.eval_benchmark_limit >= 1, "eval_benchmark_limit",
-             "evaluate on at least 1 problem per benchmark, or null for all")
-        need(self.eval_levels is None or len(self.eval_levels) > 0, "eval_levels",
-             "give at least one level, or null for the training levels")
-        if self.level_weights is not None:
-            need(len(self.level_weights) == len(self.train_levels) and min(self.level_weights) >= 0
-                 and sum(self.level_weights) > 0, "level_weights",
-                 f"give {len(self.train_levels)} non-negative weights (one per train level) or null")
+        check_fields(self)
 
     # --- loading and overriding -------------------------------------------------------------------
     @classmethod
@@ -405,7 +316,7 @@ class DPPOConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> DPPOConfig:
         """The configuration a YAML file describes; ``base: PRESET`` in it starts from that preset (see
-        :func:`resolve_yaml`), and the file's own fields replace the preset's."""
+        :func:`~dppo_core.config_files.resolve_yaml`), and the file's own fields replace the preset's."""
         path = Path(path)
         return cls.from_dict(resolve_yaml(path), source=str(path))
 
@@ -486,7 +397,6 @@ def field_groups() -> dict[str, list[str]]:
     return groups
 
 
-
 def _coerce(name: str, value: Any, type_text: str, source: str) -> Any:
     """Convert a YAML/CLI value to the field's type (YAML reads ``1e-4`` as a string, for example)."""
     optional = "None" in type_text
@@ -526,16 +436,9 @@ def _coerce(name: str, value: Any, type_text: str, source: str) -> Any:
     return value
 
 
-PRESETS_DIR = Path(__file__).parent / "presets"
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-
-
 def preset(name: str) -> DPPOConfig:
     """A named configuration shipped with the package (``dppo_core/presets/NAME.yaml``)."""
-    return DPPOConfig.from_yaml(_preset_path(name))
+    return DPPOConfig.from_yaml(preset_path(name))
 
 
 def preset_overrides(name: str) -> dict[str, Any]:
@@ -545,51 +448,5 @@ def preset_overrides(name: str) -> dict[str, Any]:
     as tuples). ``preset_overrides("tiny-dppo")`` is what DPPO changes on tiny-grpo.
     """
     config = preset(name)
-    own = _read_yaml_mapping(_preset_path(name))
+    own = read_yaml_mapping(preset_path(name))
     return {key: getattr(config, key) for key in own if key != BASE_KEY}
-
-
-def _preset_path(name: str) -> Path:
-    path = PRESETS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; choose one of {preset_names()} or pass --config FILE")
-    return path
-
-
-#: The YAML key naming the preset a file starts from (it is not a DPPOConfig field).
-BASE_KEY = "base"
-
-
-def resolve_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML config file's fields with its ``base`` resolved: the base preset's fields (resolved the same
-    way, recursively), then the file's own, which replace them. The result has no ``base`` key.
-
-    An unknown base names the presets there are; a chain of bases that comes back to a file is a cycle.
-    """
-    path = Path(path)
-    data = _read_yaml_mapping(path)
-    if BASE_KEY not in data:
-        return data
-    base = data.pop(BASE_KEY)
-    chain = (*_chain, path.resolve())
-    if not isinstance(base, str) or not (PRESETS_DIR / f"{base}.yaml").is_file():
-        raise ConfigError(f"{path}: unknown base preset {base!r}; choose one of {preset_names()}")
-    base_path = (PRESETS_DIR / f"{base}.yaml").resolve()
-    if base_path in chain:
-        cycle = " -> ".join(p.stem for p in (*chain[chain.index(base_path):], base_path))
-        raise ConfigError(f"{path}: the base presets form a cycle ({cycle}); one of them must not name a base")
-    return {**resolve_yaml(base_path, chain), **data}
-
-
-def _read_yaml_mapping(path: Path) -> dict[str, Any]:
-    import yaml
-
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass a YAML file or use --preset NAME")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
-    return data

@@ -18,12 +18,13 @@ The estimator (the full-batch GRPO loss over the candidate window B, and what ``
     L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)          L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i})
 
 with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
-(completions, from |A|) come from :mod:`dppo_core.pruning`; E[L̂(θ)] = L(θ) for every θ fixed before the
-draw, so the loss and its gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or
-``dr_grpo`` normaliser (``dapo`` under completion pruning only) and advantages scaled per group or not at all
-(batch-wide only without prompt pruning); docs/estimator.md has the proof. That is all: the optimizer's
-update is not an unbiased estimate of the full-batch update (AdamW is not linear, gradient-norm clipping
-shrinks heavy-weight draws), and from a second PPO epoch on θ depends on the draw.
+(completions, from |A|) come from :mod:`dppo_core.pruning` (the baselines' rules from
+:mod:`dppo_core.biased_baselines`); E[L̂(θ)] = L(θ) for every θ fixed before the draw, so the loss and its
+gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or ``dr_grpo`` normaliser (``dapo`` under
+completion pruning only) and advantages scaled per group or not at all (batch-wide only without prompt pruning);
+docs/estimator.md has the proof. That is all: the optimizer's update is not an unbiased estimate of the
+full-batch update (AdamW is not linear, gradient-norm clipping shrinks heavy-weight draws), and from a second PPO
+epoch on θ depends on the draw.
 
 Modes (``ESTIMATORS``, chosen once by name): ``none`` (plain GRPO: everything, weight 1), ``dppo``
 (random pruning with importance weights; unbiased as above), and the BIASED baselines ``cppo`` (top-k
@@ -40,7 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dppo_core import pruning
+from dppo_core import biased_baselines, pruning
 from dppo_core.grpo import group_advantages
 from dppo_core.history import PromptHistory
 
@@ -276,7 +277,7 @@ class CPPOEstimator(Estimator):
 
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
               rewards: torch.Tensor | None = None) -> Weighting:
-        keep = pruning.cppo_keep(advantages, self.completion_prune_rate)
+        keep = biased_baselines.cppo_keep(advantages, self.completion_prune_rate)
         return Weighting(keep, keep.to(torch.float64), int(keep.sum()))
 
 
@@ -289,8 +290,8 @@ class GRESOEstimator(PromptPruning):
 
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         # GRESO has no budget rule: a dense window keeps its skip probabilities as they are
-        return pruning.greso_keep_probs(self.history, ids, self.prompt_prune_rate, step=step,
-                                        max_age=self.history_max_age)
+        return biased_baselines.greso_keep_probs(self.history, ids, self.prompt_prune_rate, step=step,
+                                                 max_age=self.history_max_age)
 
 
 @dataclass(kw_only=True)
@@ -315,7 +316,7 @@ class PODSEstimator(Estimator):
                              "whose rewards vary most and recomputes their advantages")
         p, g = advantages.shape
         m = min(g, self.num_kept(g))
-        keep = pruning.pods_keep(rewards, m) if p else torch.zeros(p, g, dtype=torch.bool)
+        keep = biased_baselines.pods_keep(rewards, m) if p else torch.zeros(p, g, dtype=torch.bool)
         adv = torch.zeros(p, g, dtype=advantages.dtype)
         if p:
             adv[keep] = group_advantages(torch.as_tensor(rewards)[keep].view(p, m), self.scale_rewards).flatten()

@@ -44,7 +44,7 @@ class PromptHistory:
     Besides the last group, each record carries the evidence of every group so far on the prompt's success
     rate (``successes``, ``failures``: G x mean reward and G x (1 - mean reward), rewards clipped into [0, 1]),
     each group's evidence discounted by 2^(-age / ``half_life``) steps as the policy moves (``half_life``
-    None: no discount). :func:`posterior_scores` reads it.
+    None: no discount). :func:`~dppo_core.posterior.posterior_scores` reads it.
     """
 
     def __init__(self, records: dict[str, PromptRecord] | None = None, half_life: float | None = None):
@@ -65,7 +65,8 @@ class PromptHistory:
         """Record each prompt's group: ``rewards`` and ``advantages`` have shape (len(prompt_ids), G).
 
         ``max_age``: a record last updated more than this many steps ago is stale (read as unseen by
-        :meth:`score` and :func:`posterior_scores`), so its evidence is dropped and the new group starts afresh.
+        :meth:`score` and :func:`~dppo_core.posterior.posterior_scores`), so its evidence is dropped and the new
+        group starts afresh.
         """
         rewards = torch.as_tensor(rewards, dtype=torch.float64)
         advantages = torch.as_tensor(advantages, dtype=torch.float64)

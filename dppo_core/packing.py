@@ -13,7 +13,7 @@ all padding), for rows holding sequences a, b | c:
 
 Attention must never cross a boundary: token t of sequence s attends to tokens u <= t of s only. On
 sdpa / eager (and CPU) that is an explicit block-diagonal causal mask of shape (R, 1, T, T)
-(:func:`dppo_core.models.block_causal_mask`; padding slots attend to themselves so no softmax row is
+(:func:`block_causal_mask`; padding slots attend to themselves so no softmax row is
 empty). With flash attention the rows are flattened into one row of real tokens and only
 ``position_ids`` are passed: transformers reads the sequence boundaries off the positions restarting at 0
 and calls the variable-length kernel, which skips the cross-sequence blocks entirely. (transformers only
@@ -34,7 +34,7 @@ Two densities are reported (both 1 for a perfect packing):
 
 Packing changes nothing but the layout: the per-token log-probs of the packed forward equal those of the
 padded one (:func:`dppo_core.logprobs.completion_logprobs_with_grad`) to float tolerance, and so do the
-loss and its gradient (tests/test_packing.py).
+loss and its gradient (tests/system/test_packing.py).
 
 What it saves depends on the attention kernel. With flash attention's variable-length kernel the
 attention work is sum_i L_i^2 whatever the layout, so every padding slot removed is time saved. With an
@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from dppo_core.grpo import token_logprobs
-from dppo_core.models import block_causal_mask
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -388,6 +387,18 @@ def varlen_boundaries(batch: PackedBatch) -> dict[str, Any]:
     cu = torch.cat([starts, torch.tensor([total])]).to(torch.int32)
     longest = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:
+    """(rows, T) sequence ids -> (rows, 1, T, T) bool mask: attend only to earlier tokens of the same sequence.
+
+    Padding slots (id -1) attend to themselves only, so no row of the softmax is empty.
+    """
+    T = seq_ids.shape[1]
+    same = seq_ids[:, :, None] == seq_ids[:, None, :]  # (rows, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    eye = torch.eye(T, dtype=torch.bool)
+    return ((same & causal) | eye)[:, None]
 
 
 def model_attention_mask(model: torch.nn.Module, mask: torch.Tensor, device: torch.device | str) -> torch.Tensor:

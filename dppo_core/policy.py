@@ -17,7 +17,7 @@ from dppo_core.config import ConfigError, DPPOConfig
 def resolve_model_path(config: DPPOConfig) -> str:
     """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start (the shipped copy, cached)."""
     if config.model == "tiny":
-        from dppo_core.models import warm_start
+        from dppo_core.warm_start import warm_start
 
         return str(warm_start())
     path = Path(config.model).expanduser()
@@ -118,7 +118,7 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
     """The trainable policy for ``config.update_mode`` and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dppo_core.models import quiet_transformers
+    from dppo_core.model_files import quiet_transformers
 
     with quiet_transformers():
         try:

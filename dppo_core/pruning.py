@@ -42,11 +42,10 @@ Keep-probability schemes (``rate`` = r):
 * ``"proportional"`` — p_i = clip(c · score_i, min_keep_prob, 1) with c chosen so that the expected
   number kept is (1 - r) · n: r is the expected fraction pruned (up to the floors and to items forced
   to 1).
-* ``"posterior"`` (prompts) — ``proportional`` on :func:`posterior_scores`: √P(the next group is informative)
-  under a Beta-binomial posterior over the prompt's success rate from its whole (discounted) history; it needs
-  rewards in [0, 1] and refuses others (:func:`check_pass_rates`). The other schemes read the rewards only
-  through |A|, so they take any finite rewards (rewards a·r + b, a > 0, give the same probabilities up to the
-  eps of group scaling).
+* ``"posterior"`` (prompts) — ``proportional`` on :func:`~dppo_core.posterior.posterior_scores`: √P(the next group
+  is informative) from the prompt's whole (discounted) history (:mod:`dppo_core.posterior`); it needs rewards in
+  [0, 1]. The other schemes read the rewards only through |A|, so they take any finite rewards (rewards a·r + b,
+  a > 0, give the same probabilities up to the eps of group scaling).
 * ``"fitted"`` (prompts) — ``proportional`` on P(informative) itself (the square of ``posterior``'s score), the
   prior fitted to the pool (:meth:`PromptHistory.fitted_prior`): sharper, where history can see (issue #50's sweep).
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
@@ -57,13 +56,8 @@ Fixed-size designs (:func:`sample_keep`): ``systematic`` (random order), ``sorte
 stratified) and ``pivotal`` (ordered pivotal sampling); each keeps item j with probability exactly p_j.
 :func:`adaptive_rate` chooses a completion rate per step that holds a predicted effective sample size.
 
-Biased baselines, for comparison only (the tests and chapter 06 show their bias):
-
-* :func:`cppo_keep` — CPPO: keep the top-k completions of each group by |A|, deterministically,
-  without weights.
-* :func:`greso_keep_probs` — GRESO: skip prompts whose last group had zero reward variance with a
-  probability, and train on the rest without weights.
-* :func:`pods_keep` — PODS: keep the completions of each group whose rewards vary most, without weights.
+Biased baselines, for comparison only: CPPO, GRESO and PODS, in :mod:`dppo_core.biased_baselines`
+(:func:`cppo_keep` and :func:`greso_keep_probs` are importable from here too).
 """
 
 from __future__ import annotations
@@ -71,13 +65,20 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import numpy as np
 import torch
 
+from dppo_core import posterior
+from dppo_core.biased_baselines import cppo_keep, greso_keep_probs
 from dppo_core.config import COMPLETION_SCHEMES, FIXED_SIZE_DESIGNS, PROMPT_SCHEMES, SCHEMES
-from dppo_core.history import PromptHistory, PromptRecord
+from dppo_core.history import PromptHistory
+
+__all__ = [  # PromptHistory, cppo_keep and greso_keep_probs are defined elsewhere and importable from here
+    "PromptHistory", "adaptive_rate", "completion_keep_probs", "cppo_keep", "dense_window", "effective_sample_size",
+    "expected_ess", "fit_budget", "greso_keep_probs", "importance_weights", "keep_probs_from_scores", "pivotal_draw",
+    "prompt_keep_probs", "sample_keep", "step_generator", "systematic_draw",
+]
 
 # --------------------------------------------------------------------------------------------------
 # Keep probabilities
@@ -271,87 +272,6 @@ def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float
     return best
 
 
-def beta_binomial_pmf(alpha: float, beta: float, n: int) -> np.ndarray:
-    """P(k successes in n) for k = 0..n when the success rate is Beta(alpha, beta) distributed."""
-    k = np.arange(n + 1)
-    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-    log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta) for i in k])
-    log_b0 = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
-    pmf = np.exp(log_choose + log_b - log_b0)
-    return cast(np.ndarray, pmf / pmf.sum())  # numpy types a ufunc's result's dtype, and so this, as Any
-
-
-def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -> np.ndarray:
-    """Σ_i A_i² / G of a group of pass/fail rewards with k passes: what its gradient's squared size scales with.
-
-    Group-scaled advantages have Σ A² = G in every group that is not all right or all wrong (up to eps), so 1
-    there and 0 at k = 0 or G; unscaled (``none``) ones have Σ A² / G = k (G - k) / G², the rewards' variance.
-    """
-    k = np.asarray(k, dtype=np.float64)
-    if scale_rewards == "none":
-        return cast(np.ndarray, k * (group_size - k) / group_size**2)  # numpy: Any (see beta_binomial_pmf)
-    return ((k > 0) & (k < group_size)).astype(np.float64)
-
-
-def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) -> None:
-    """Refuse a prompt's record whose rewards cannot all have been in [0, 1], naming the prompt and the rewards.
-
-    :func:`posterior_scores` reads a group's rewards as pass rates: its evidence is G x the mean reward passes
-    (:meth:`PromptHistory.update`), the mean clipped into [0, 1]. Rewards outside [0, 1] (a sum of reward
-    functions such as accuracy + format, rewards in {-1, 2}, continuous scores such as 3.7) make that evidence
-    wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all passed).
-    Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1], equality
-    for pass/fail rewards), so a record outside those bounds cannot come from them; the check sees the last
-    group only (the history keeps its mean and std, not its rewards), so an earlier group outside [0, 1] whose
-    record was replaced by one inside goes unseen.
-    """
-    m, v = record.mean_reward, record.reward_std ** 2
-    if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
-        raise ValueError(
-            f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
-            f"{prompt_id!r}'s last group (step {record.step}) had mean reward {m:.6g} and std "
-            f"{record.reward_std:.6g}, which rewards in [0, 1] cannot have: its evidence was clipped into [0, 1] and "
-            "the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
-            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
-            "'proportional', which read only |A|")
-
-
-def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
-                     step: int | None = None, max_age: int | None = None, prior: tuple[float, float] = (1.0, 1.0),
-                     scale_rewards: str = "group") -> torch.Tensor:
-    """Each prompt's expected learning signal from everything its history shows: √E[Σ A² / G] of its next group.
-
-    The prompt's success rate is Beta(prior + discounted successes, prior + discounted failures)
-    (:meth:`PromptHistory.evidence`); the next group's passes k are then Beta-binomial over ``group_size``
-    draws, and the score is √(Σ_k P(k) · :func:`group_signal` (k)). With group-scaled advantages that is
-    √P(the group is informative) = √(1 - E[p^G] - E[(1 - p)^G]). The square root because the
-    variance-optimal inclusion probability of a prompt is ∝ √E‖S_q‖² (docs/estimator.md), and E‖S_q‖² scales
-    with E[Σ A²] when completions' gradients are of similar size. Unseen prompts (and, with ``max_age``,
-    prompts last seen longer ago) get the prior's score. Rewards must lie in [0, 1] (those strictly inside count
-    as fractional passes): a record that rewards in [0, 1] cannot have raises ValueError (:func:`check_pass_rates`).
-    Returns float64, shape (len(prompt_ids),).
-    """
-    if group_size < 1:
-        raise ValueError(f"group_size={group_size!r} must be at least 1 (the completions per prompt, G)")
-    if min(prior) <= 0:
-        raise ValueError(f"prior={prior!r}: both Beta parameters must be > 0, e.g. (1, 1) (uniform)")
-    k = np.arange(group_size + 1)
-    signal = group_signal(k, group_size, scale_rewards)
-    cache: dict[tuple[float, float], float] = {}
-    out = []
-    for pid in prompt_ids:
-        rec = history.get(pid)
-        stale = rec is not None and max_age is not None and step is not None and step - rec.step > max_age
-        if rec is not None and not stale:
-            check_pass_rates(pid, rec)
-        s, f = (0.0, 0.0) if rec is None or stale else history.evidence(pid, step)
-        key = (round(prior[0] + s, 9), round(prior[1] + f, 9))
-        if key not in cache:
-            cache[key] = math.sqrt(max(0.0, float(beta_binomial_pmf(*key, group_size) @ signal)))
-        out.append(cache[key])
-    return torch.tensor(out, dtype=torch.float64)
-
-
 def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *, scheme: str = "paper",
                       min_keep_prob: float = 0.1, step: int | None = None, max_age: int | None = None,
                       budget: float | None = None, candidate_fraction: float = 0.5, group_size: int = 8,
@@ -360,17 +280,18 @@ def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: f
 
     ``paper`` and ``proportional``: unseen prompts (and, with ``max_age``, prompts last seen more than
     ``max_age`` steps before ``step``) get 1; seen prompts are scored by the mean |A| of their last group
-    (0 for a degenerate group). ``posterior``: every prompt is scored by :func:`posterior_scores` (all its
-    history, unseen ones by the prior) and kept with probability ∝ its score, (1 - r) of the candidates in
-    expectation. Floored at ``min_keep_prob``: never 0, because a prompt that gave no signal last time may
-    give some now. ``budget`` rescales them so that the expected number of prompts kept is ``budget`` (see
-    :func:`dense_window`).
+    (0 for a degenerate group). ``posterior``: every prompt is scored by
+    :func:`~dppo_core.posterior.posterior_scores` (all its history, unseen ones by the prior) and kept with
+    probability ∝ its score, (1 - r) of the candidates in expectation. Floored at ``min_keep_prob``: never 0,
+    because a prompt that gave no signal last time may give some now. ``budget`` rescales them so that the
+    expected number of prompts kept is ``budget`` (see :func:`dense_window`).
     """
     _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
     if scheme in ("posterior", "fitted"):  # fitted: P(informative) itself, under the pool's fitted prior
         prior = history.fitted_prior(group_size) if scheme == "fitted" else (1.0, 1.0)
-        values = posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,
-                                  scale_rewards=scale_rewards) ** (2 if scheme == "fitted" else 1)
+        scored = posterior.posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,
+                                            scale_rewards=scale_rewards)
+        values = scored ** (2 if scheme == "fitted" else 1)
         return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob, budget=budget)
     scores = [history.score(pid, step, max_age) for pid in prompt_ids]
     forced = torch.tensor([s is None for s in scores], dtype=torch.bool)
@@ -533,66 +454,3 @@ def effective_sample_size(weights: torch.Tensor) -> float:
     w = torch.as_tensor(weights, dtype=torch.float64).flatten()
     w = w[w > 0]
     return float(w.sum() ** 2 / (w**2).sum()) if w.numel() else 0.0
-
-
-# --------------------------------------------------------------------------------------------------
-# Biased baselines (named as such)
-# --------------------------------------------------------------------------------------------------
-
-
-def cppo_keep(advantages: torch.Tensor, rate: float) -> torch.Tensor:
-    """BIASED baseline (CPPO): keep the ``G - round(r·G)`` completions of each group with the largest |A|.
-
-    Deterministic and unweighted: the kept set over-represents large-|A| completions, so the expected
-    update is not GRPO's. Returns a bool mask shaped like ``advantages``; ties go to the lower index.
-    """
-    adv = torch.as_tensor(advantages, dtype=torch.float64)
-    if not 0 <= rate < 1:
-        raise ValueError(f"prune rate {rate!r} must be in [0, 1)")
-    g = adv.shape[1]
-    k = max(1, g - round(rate * g))
-    order = torch.argsort(-adv.abs(), dim=1, stable=True)[:, :k]
-    keep = torch.zeros_like(adv, dtype=torch.bool)
-    keep.scatter_(1, order, True)
-    return keep
-
-
-def pods_keep(rewards: torch.Tensor, num_keep: int) -> torch.Tensor:
-    """BIASED baseline (PODS, Xu et al. 2025, max-variance down-sampling): in each group, the ``num_keep``
-    completions whose rewards have the largest variance.
-
-    A subset of given size with the largest variance is made of the i lowest and the num_keep - i highest
-    rewards for some i (the paper's lemma), so each row tries every i (ties go to the smallest i). Returns a
-    bool mask shaped like ``rewards`` (P, G).
-    """
-    r = torch.as_tensor(rewards, dtype=torch.float64)
-    if r.ndim != 2 or not 1 <= num_keep <= r.shape[1]:
-        raise ValueError(f"rewards must be (P, G) and num_keep in [1, G]; got {tuple(r.shape)} and {num_keep}")
-    keep = torch.zeros_like(r, dtype=torch.bool)
-    for q in range(r.shape[0]):
-        order = torch.argsort(r[q], stable=True)
-        best, best_var = None, -1.0
-        for i in range(num_keep + 1):
-            idx = torch.cat([order[:i], order[r.shape[1] - (num_keep - i):]])
-            var = float(r[q, idx].var(unbiased=False))
-            if var > best_var + 1e-12:
-                best, best_var = idx, var
-        keep[q, best] = True
-    return keep
-
-
-def greso_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *,
-                     step: int | None = None, max_age: int | None = None) -> torch.Tensor:
-    """BIASED baseline (GRESO): prompts whose last group was degenerate are skipped with probability r.
-
-    The caller trains on the rest *without* weights, so prompts that were uninformative last time but
-    informative now are under-represented. Returns keep probabilities (1 or 1 - r) per prompt.
-    """
-    if not 0 <= rate < 1:
-        raise ValueError(f"prune rate {rate!r} must be in [0, 1)")
-    out = []
-    for pid in prompt_ids:
-        rec = history.get(pid)
-        fresh = rec is not None and not (max_age is not None and step is not None and step - rec.step > max_age)
-        out.append(1 - rate if fresh and rec is not None and rec.degenerate else 1.0)  # fresh: rec is not None
-    return torch.tensor(out, dtype=torch.float64)

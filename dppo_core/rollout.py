@@ -7,11 +7,11 @@ which engine sits behind them does not matter.
   correctness. Its default loop drops a sequence from the batch (and the KV cache) as soon as it ends, so a
   rollout costs what its tokens cost; ``decode="generate"`` runs transformers ``generate`` instead, with
   the same samples for the same seed.
-- :class:`~dppo_core.engines.vllm.VLLMRollout` (in :mod:`dppo_core.engines.vllm`; still importable from
-  here): vLLM colocated in the training process (in-process engine, no worker processes), ``n = G``
-  samples per prompt request. After each optimizer step ``sync(model)`` pushes the new policy into it:
-  full weights through ``reload_weights`` (validated first, restored on failure), or the LoRA adapter as
-  a new ``LoRARequest``. On a GPU it sleeps between rollouts so training gets the memory back.
+- :class:`~dppo_core.engines.vllm.VLLMRollout` (import it from :mod:`dppo_core.engines.vllm`, which imports
+  vLLM only when an engine starts): vLLM colocated in the training process (in-process engine, no worker
+  processes), ``n = G`` samples per prompt request. After each optimizer step ``sync(model)`` pushes the new
+  policy into it: full weights through ``reload_weights`` (validated first, restored on failure), or the LoRA
+  adapter as a new ``LoRARequest``. On a GPU it sleeps between rollouts so training gets the memory back.
 - :func:`make_rollout_engine` picks one (``"auto"``: vLLM when it imports and starts, else transformers,
   with one warning).
 
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Completion", "HFRollout", "LogprobMismatch", "Prompt", "RolloutBatch", "RolloutEngine", "RolloutGroup",
            "SamplingConfig", "completion_logprobs", "is_peft_model", "logprob_mismatch", "make_rollout_engine",
-           "sequence_logprobs", "truncated_importance_weights"]  # and, on first use, the vLLM names below
+           "sequence_logprobs", "truncated_importance_weights"]
 
 
 def _model_path_of(model: Any) -> str | None:
@@ -148,15 +148,3 @@ def make_rollout_engine(
                       RuntimeWarning, stacklevel=2)
         return fallback()
 
-
-# The vLLM engine lives in dppo_core.engines.vllm; these names are importable from here too, loaded on
-# first use (dppo_core.engines.vllm itself imports vLLM only when an engine starts).
-_VLLM_ENGINE_NAMES = ("VLLMRollout", "WeightSyncError", "checkpoint_weights")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _VLLM_ENGINE_NAMES:
-        from dppo_core.engines import vllm
-
-        return getattr(vllm, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

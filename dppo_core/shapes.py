@@ -42,14 +42,8 @@ RANDOM_PREFIX = "random:"
 def build_shaped_model(name: str, cache_dir: str | Path | None = None, dtype: str = "bfloat16") -> Path:
     """Build (or reuse) a Qwen3 model of shape ``SHAPES[name]`` with random weights (seed 0) and the embedded
     tokenizer; return its directory (loads with ``from_pretrained`` and in vLLM). Stored in ``dtype``."""
-    from dppo_core.models import (
-        BUILD_VERSION,
-        TinyModelConfig,
-        atomic_dir,
-        build_tokenizer,
-        default_cache_dir,
-        qwen3_config,
-    )
+    from dppo_core.model_files import atomic_dir, default_cache_dir
+    from dppo_core.models import BUILD_VERSION, TinyModelConfig, build_tokenizer, qwen3_config
 
     if name not in SHAPES:
         raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")

@@ -10,7 +10,7 @@ by each kept completion, in one *segment*: ``P + sum of R_i`` tokens. Attention 
     b0 attends to  p0 p1 p2             b0             never another completion
 
 So every completion token sees exactly what it sees in the plain layout, at the same positions: its
-log-prob, the loss and the gradient are the same up to float rounding (``tests/test_shared_prefix.py``).
+log-prob, the loss and the gradient are the same up to float rounding (``tests/system/test_shared_prefix.py``).
 The first token of every completion is predicted by the logits at the prompt's last position (one set of
 logits, shared: each completion gathers its own target from it); token k > 0 by the completion's own
 token k - 1.

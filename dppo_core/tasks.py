@@ -288,12 +288,3 @@ def uses_steps(completion: str) -> bool:
     head = completion.split("\\boxed{", 1)[0]
     return "=" in head
 
-
-def __getattr__(name: str):
-    # `dppo_core.tasks.load_benchmark` is part of the package's documented public surface
-    # (docs/architecture.md); it lives in dppo_core.benchmark_data, imported only when asked for.
-    if name in ("load_benchmark", "BenchmarkRecord"):
-        from dppo_core import benchmark_data
-
-        return getattr(benchmark_data, name)
-    raise AttributeError(f"module 'dppo_core.tasks' has no attribute {name!r}")

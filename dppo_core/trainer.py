@@ -9,10 +9,10 @@ One step (:meth:`DPPOTrainer.train_step`), as data (docs/architecture.md, "One s
 
 Which prompts and completions are kept, and with what weight, is the estimator's business
 (:mod:`dppo_core.estimator`, one class per ``pruning`` mode); the trainer never asks which mode it runs.
-What is not the loop lives beside it: prompts (:mod:`dppo_core.data`), the policy (:mod:`dppo_core.policy`),
-log-probs and micro-batch layout (:mod:`dppo_core.logprobs`), checkpoints and logs
-(:mod:`dppo_core.checkpoint`), data-parallel gathers (:mod:`dppo_core.distributed`) and evaluation
-(:mod:`dppo_core.evaluate`).
+What is not the step lives beside it: the run's life (output directory, resume, checkpoints, logs, Ctrl-C, the
+evaluation schedule: :class:`dppo_core.run.Run`, which the trainer is), prompts (:mod:`dppo_core.data`), the policy
+(:mod:`dppo_core.policy`), log-probs and micro-batch layout (:mod:`dppo_core.logprobs`), data-parallel gathers
+(:mod:`dppo_core.distributed`) and evaluation (:mod:`dppo_core.evaluate`).
 
 Reproducibility: the prompts and the sampling seed of step ``s`` are functions of ``(seed, s)``, and a
 checkpoint holds the weights, optimizer state, prompt history and step; so a run interrupted and resumed
@@ -34,27 +34,15 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from dppo_core import checkpoint as ckpt
 from dppo_core.config import ConfigError, DPPOConfig, learning_rate_at
 from dppo_core.data import PromptSource, build_prompt_source, check_prompt_lengths, prompt_key
-from dppo_core.distributed import (
-    all_gather_objects,
-    all_reduce_gradients,
-    all_reduce_max,
-    barrier,
-    broadcast_parameters,
-    gather_groups,
-    init_distributed,
-    shard,
-)
+from dppo_core.distributed import all_gather_objects, all_reduce_gradients, broadcast_parameters, gather_groups, shard
 from dppo_core.estimator import Selection, Weighting, make_estimator
-from dppo_core.grouplog import FILENAME as GROUP_LOG
 from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.history import PromptHistory
@@ -63,13 +51,12 @@ from dppo_core.packing import attention_implementation
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
 from dppo_core.pruning import effective_sample_size
 from dppo_core.rollout import RolloutBatch, RolloutEngine, SamplingConfig
+from dppo_core.run import Callback, PhaseTimer, Run
 from dppo_core.shared_prefix import NAME as SEGMENTS
 
 if TYPE_CHECKING:
     from peft import PeftModel
-    from torch.utils.tensorboard import SummaryWriter
 
-Callback = Callable[[dict[str, Any]], None]
 ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
               "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
 
@@ -99,8 +86,9 @@ class PromptSelection(Selection):
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-class DPPOTrainer:
-    """Runs the training loop for a :class:`DPPOConfig`.
+class DPPOTrainer(Run):
+    """Runs the training loop for a :class:`DPPOConfig`: a :class:`~dppo_core.run.Run` (output directory, resume,
+    checkpoints, logs, Ctrl-C, the evaluation schedule, :meth:`~dppo_core.run.Run.train`) whose step is DPPO's.
 
     Args:
         config: the run's settings.
@@ -120,20 +108,8 @@ class DPPOTrainer:
                  progress: bool = True):
         from dppo_core.rewards import accuracy_reward
 
-        self.config = config
+        super().__init__(config, callbacks=callbacks, progress=progress)
         self.reward_funcs = list(reward_funcs) if reward_funcs else [accuracy_reward]
-        self.callbacks = list(callbacks)
-        self.output_dir = Path(config.output_dir)
-        if config.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see dppo_core.distributed
-        self.dist = init_distributed(config.device)
-        self.progress = progress and self.dist.is_main
-        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if config.device == "auto" else config.device))
-        if self.dist.enabled and self.device.type == "cuda":
-            self.device = torch.device("cuda", self.dist.local_rank)
-        torch.manual_seed(config.seed)
         self.model_path = resolve_model_path(config)
         self.model, self.tokenizer = load_policy(config, self.model_path, self.device)
         self.prompts = prompt_source or build_prompt_source(config)
@@ -149,13 +125,7 @@ class DPPOTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.99),
                                            weight_decay=config.weight_decay)
         self.estimator = make_estimator(config)  # which prompts and completions to keep, and their weights
-        self.step = 0
-        self.last_groups: dict[str, Any] | None = None  # the last step's groups.jsonl line (dppo_core.grouplog)
         self.engine: RolloutEngine | None = None
-        self._tb: SummaryWriter | None = None
-        self._stop = ckpt.StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
-        self.stop_hint = "continue with --resume"  # what Ctrl-C's message says to do next (the bench: its own)
-        self.checkpoint_on_stop = True  # the bench runs a stopped run again from its start: no checkpoint for it
         self._prompt_lengths: dict[str, int] = {}
 
     @property
@@ -182,6 +152,12 @@ class DPPOTrainer:
         return make_rollout_engine(kind, model=self.model, tokenizer=self.tokenizer, model_path=self.model_path,
                                    require=kind == "vllm", seed=self.config.seed)
 
+    def start(self) -> None:
+        """Before the first step: the rollout engine (unless one was set), sampling from the current policy."""
+        if self.engine is None:
+            self.engine = self.make_engine()
+        self.engine.sync(self.model)
+
     def rollout_correction_level(self) -> str | None:
         """The engine correction this trainer applies: ``"token"``, ``"sequence"`` or None (``rollout_correction``;
         ``auto`` is ``token`` for any engine but the transformers one, which samples from the policy itself)."""
@@ -189,18 +165,6 @@ class DPPOTrainer:
         if mode == "auto":
             return "token" if self.engine is not None and self.engine.name != "hf" else None
         return None if mode == "off" else mode
-
-    def _emit(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
-        if not self.dist.is_main:  # data parallel: rank 0 logs for the job
-            return
-        ckpt.append_jsonl(self.output_dir / filename, record)
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(("eval/" if filename != "metrics.jsonl" else "train/") + k, v,
-                                        record.get("step", self.step))
-        for cb in self.callbacks:
-            cb(record)
 
     # --- the parts of one step --------------------------------------------------------------------
     def select_prompts(self, step: int, candidates: list[dict[str, Any]] | None = None) -> PromptSelection:
@@ -233,18 +197,15 @@ class DPPOTrainer:
         assert self.engine is not None, "train() starts the rollout engine (or set trainer.engine)"
         return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
 
-    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
-        """Rewards of shape (P, G): the sum of the reward functions."""
-        return self._score(rows, batch)[0]
-
-    def _score(self, rows: list[dict[str, Any]], batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Rewards (P, G) and each reward function's mean (logged as ``reward_<name>``)."""
+    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None
+              ) -> torch.Tensor:
+        """Rewards of shape (P, G): the sum of the reward functions. ``means``, when given, receives each function's
+        mean (what the step logs as ``reward_<name>``)."""
         g = self.config.num_generations
         prompts = [r["prompt"] for r in rows for _ in range(g)]
         completions = [c.text for grp in batch.groups for c in grp.completions]
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k != "prompt"}
         total = torch.zeros(len(completions))
-        means: dict[str, float] = {}
         for fn in self.reward_funcs:
             name = getattr(fn, "__name__", fn)
             try:
@@ -261,42 +222,32 @@ class DPPOTrainer:
                 raise ValueError(f"reward function {name!r} returned a NaN or infinite score; return a finite "
                                  "float for every completion")
             total += values
-            means[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.mean().item()
-        return total.view(len(rows), g), means
+            if means is not None:
+                means[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.mean().item()
+        return total.view(len(rows), g)
 
-    def build_sequences(self, batch: RolloutBatch, advantages: torch.Tensor, selection: Selection | None = None,
-                        step: int | None = None, group_offset: int = 0, rewards: torch.Tensor | None = None,
-                        lengths: torch.Tensor | None = None) -> Sequences:
-        """The completions to train on, with their weights and the loss normaliser (the estimator's ``weigh``).
-
-        Data parallel: ``advantages`` (and ``selection``) cover the whole step, so the keep draws are those
-        of a single process; ``batch`` holds this rank's groups, rows ``group_offset ...`` of ``advantages``.
-        ``lengths`` (P, G): every group's completion token counts, for an estimator that ``needs_lengths``
-        (read from ``batch`` when it holds every group; with several ranks pass them).
-        """
-        if lengths is None and getattr(self.estimator, "needs_lengths", False) and \
-                len(batch.groups) == advantages.shape[0]:  # one process: every group is here
-            lengths = torch.tensor([[c.length for c in g.completions] for g in batch.groups]).view(advantages.shape)
-        weighting = self._weigh(advantages, selection, self.step if step is None else step, rewards, lengths)
-        return self.sequences(batch, advantages, weighting, group_offset)
-
-    def weigh_groups(self, selection: PromptSelection, rewards: torch.Tensor, lengths: torch.Tensor, step: int
-                     ) -> tuple[torch.Tensor, Weighting]:
-        """After reward, in :meth:`train_step`'s order: the advantages over whole groups, the history's record of
-        them (``observe``: it decides the next steps' π), then the keep draws and weights (``weigh``), whose π_q
-        are those ``selection`` was drawn with, not the updated history's. Returns (advantages, weighting)."""
-        adv = group_advantages(rewards, self.config.scale_rewards)
-        self.estimator.observe([prompt_key(r) for r in selection.rows], rewards, adv, step)
-        return adv, self._weigh(adv, selection, step, rewards, lengths)
-
-    def _weigh(self, advantages: torch.Tensor, selection: Selection | None, step: int,
-               rewards: torch.Tensor | None, lengths: torch.Tensor | None = None) -> Weighting:
+    def weigh(self, selection: Selection | None, rewards: torch.Tensor | None, lengths: torch.Tensor | None,
+              step: int, *, advantages: torch.Tensor | None = None, observe: bool = True
+              ) -> tuple[torch.Tensor, Weighting]:
+        """After reward, in :meth:`train_step`'s order: the advantages over whole groups (``advantages``, when given,
+        are used as they are), the history's record of them (``observe``: it decides the next steps' π; False leaves
+        the history as it is), then the keep draws and weights (the estimator's ``weigh``), whose π_q are those
+        ``selection`` was drawn with, not the updated history's. ``rewards`` and ``lengths`` (P, G) are handed to an
+        estimator that reads them. Data parallel: every rank's groups, so the draws are those of one process.
+        Returns (advantages, weighting)."""
+        if advantages is None:
+            assert rewards is not None, "weigh needs the rewards, or the advantages"
+            advantages = group_advantages(rewards, self.config.scale_rewards)
+        adv = advantages
+        if observe:
+            assert selection is not None and rewards is not None, "observe records the selection's rewards"
+            self.estimator.observe([prompt_key(r) for r in cast(PromptSelection, selection).rows], rewards, adv, step)
         extra: dict[str, torch.Tensor | None] = {}
         if self.estimator.needs_rewards:
             extra["rewards"] = rewards
         if getattr(self.estimator, "needs_lengths", False):
             extra["lengths"] = lengths
-        return self.estimator.weigh(advantages, selection, step, **extra)
+        return adv, self.estimator.weigh(adv, selection, step, **extra)
 
     @staticmethod
     def sequences(batch: RolloutBatch, advantages: torch.Tensor, weighting: Weighting,
@@ -398,7 +349,7 @@ class DPPOTrainer:
     # --- one step ---------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
         """One step: select (prune prompts), roll out, reward, advantages, weigh (prune completions), update, sync."""
-        c, timer = self.config, ckpt.PhaseTimer()
+        c, timer = self.config, PhaseTimer()
         # 1. select: which candidate prompts to roll out (prompt pruning, before any generation)
         selection = self.select_prompts(self.step)
         timer.lap("prune")
@@ -410,13 +361,14 @@ class DPPOTrainer:
         rows, batch = self.rollout(self.step, mine_rows) if mine_rows else ([], RolloutBatch([]))
         timer.lap("rollout")
         # 3. reward every completion; every rank gets every group; advantages over whole groups; history
-        rewards, means = self._score(rows, batch) if rows else (torch.zeros(0, c.num_generations), {})
+        means: dict[str, float] = {}
+        rewards = self.score(rows, batch, means) if rows else torch.zeros(0, c.num_generations)
         lengths = [comp.length for g in batch.groups for comp in g.completions]
         rewards, lengths, means = gather_groups(rewards, lengths, means, self.dist)
         timer.lap("reward")
         # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
-        adv, weighting = self.weigh_groups(selection, rewards, lens, self.step)
+        adv, weighting = self.weigh(selection, rewards, lens, self.step)
         if c.log_groups:  # groups.jsonl's line (train() writes it)
             self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
                                             selection.probs, rewards, lens)
@@ -434,7 +386,7 @@ class DPPOTrainer:
         self.step += 1
         return self._step_record(selection, rewards, lengths, means, seqs, weights, stats, timer)
 
-    def _skipped_step(self, selection: PromptSelection, timer: ckpt.PhaseTimer) -> dict[str, Any]:
+    def _skipped_step(self, selection: PromptSelection, timer: PhaseTimer) -> dict[str, Any]:
         self.step += 1
         return {"prompts_candidates": selection.window, "prompts_rolled_out": 0, "step": self.step, "skipped": 1,
                 **ZERO_STATS, "reward_mean": None, "lr": self._lr(self.step - 1), "tokens_generated": 0,
@@ -443,7 +395,7 @@ class DPPOTrainer:
 
     def _step_record(self, selection: PromptSelection, rewards: torch.Tensor, lengths: list[int],
                      means: dict[str, float], seqs: Sequences, weights: torch.Tensor, stats: dict[str, float],
-                     timer: ckpt.PhaseTimer) -> dict[str, Any]:
+                     timer: PhaseTimer) -> dict[str, Any]:
         """The step's metrics line (``metrics.jsonl``)."""
         g = self.config.num_generations
         mean_len = sum(lengths) / len(lengths)
@@ -472,127 +424,3 @@ class DPPOTrainer:
         c = self.config
         return evaluate_policy(c, engine, self.step, benchmarks=c.eval_benchmarks,
                                benchmark_limit=c.eval_benchmark_limit, progress=self.progress)
-
-    def _evaluate_and_log(self) -> dict[str, Any]:
-        """Evaluate on rank 0 and log it (other ranks wait at a barrier and get ``{}``)."""
-        result: dict[str, Any] = {}
-        if self.dist.is_main:
-            result = self.evaluate()
-            self._emit({"event": "eval", **result}, "eval.jsonl")
-        barrier(self.dist)
-        return result
-
-    # --- checkpoints ------------------------------------------------------------------------------
-    def checkpoints(self) -> list[Path]:
-        return ckpt.list_checkpoints(self.output_dir)
-
-    def save_checkpoint(self, keep: int = 2) -> Path:
-        """Write model/adapter, optimizer, prompt history and step to ``checkpoint-<step>`` atomically."""
-        state = {"config": self.config.to_dict(), "model_path": self.model_path}
-        return ckpt.save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.optimizer,
-                                    state, self.estimator.state_dict(), keep=keep)
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore a checkpoint; everything is read and checked first, so a damaged one changes nothing."""
-        found = ckpt.read_checkpoint(path)
-        ckpt.load_weights(self.model, found.weights, self.config.update_mode, path)
-        self.optimizer.load_state_dict(found.optimizer_state)
-        if found.estimator_state is not None:
-            self.estimator.load_state_dict(found.estimator_state)
-        torch.set_rng_state(torch.tensor(found.torch_rng, dtype=torch.uint8))
-        self.step = found.step
-        if self.dist.is_main:  # a run killed while writing or deleting a checkpoint left these: not checkpoints
-            ckpt.remove_stale_temp_dirs(self.output_dir)
-
-    def _save_checkpoint_all_ranks(self) -> Path:
-        """Rank 0 writes the checkpoint (the weights are the same on every rank); the others wait for it."""
-        path = self.save_checkpoint() if self.dist.is_main else self.output_dir / f"{ckpt.CHECKPOINT_PREFIX}{self.step}"
-        barrier(self.dist)
-        return path
-
-    # --- the loop ---------------------------------------------------------------------------------
-    def _prepare_output(self, resume: bool, overwrite: bool = False) -> None:
-        """Resume from the last checkpoint, or start where no run is (or was moved aside); write config.json."""
-        main = self.dist.is_main  # data parallel: rank 0 writes every file; all ranks load a checkpoint
-        found = ckpt.run_files(self.output_dir)  # every rank decides alike, before rank 0 changes anything
-        ckpt.check_output_dir(self.output_dir)
-        move = ckpt.must_move_aside(self.output_dir, found, resume=resume, overwrite=overwrite, reads=[self.model_path])
-        if resume and found and not self.checkpoints():  # nothing to continue from
-            if "final" in found:
-                raise ckpt.RunExistsError(f"output_dir={str(self.output_dir)!r} holds a finished run without "
-                                          "checkpoints: nothing to --resume; pass --overwrite or another --output-dir")
-            move = True  # an attempt stopped before its first checkpoint: kept beside, and run again from step 0
-        barrier(self.dist)
-        if main and move:
-            moved = ckpt.move_aside(self.output_dir)
-            print(f"the earlier run in {self.output_dir} was moved to {moved}", flush=True)
-        barrier(self.dist)
-        if resume and self.checkpoints():
-            self.load_checkpoint(self.checkpoints()[-1])
-            if main:
-                ckpt.truncate_logs(self.output_dir, self.step, final=self.step >= self.config.max_steps)
-        barrier(self.dist)
-        if main:
-            (self.output_dir / "config.json").write_text(self.config.to_json())
-        if self.config.tensorboard and main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # on resume, drop the events of steps that will be run again
-            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"),
-                                     purge_step=self.step + 1 if self.step else None)
-
-    def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-        """Run until ``max_steps``.
-
-        ``output_dir`` must hold no run, unless ``resume`` (continue from its last checkpoint) or ``overwrite``
-        (the earlier run is moved to ``<output_dir>.previous-<n>`` first, nothing deleted); otherwise
-        :class:`~dppo_core.checkpoint.RunExistsError`, with nothing changed.
-
-        Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of it and raises
-        ``KeyboardInterrupt``; ``train(resume=True)`` continues from there. A second Ctrl-C stops at once,
-        without a checkpoint (the last one written stays valid).
-        """
-        from tqdm.auto import tqdm
-
-        c = self.config
-        self._prepare_output(resume, overwrite)
-        if self.engine is None:
-            self.engine = self.make_engine()
-        self.engine.sync(self.model)
-        if self.step == 0:
-            self._evaluate_and_log()
-        bar = tqdm(total=c.max_steps, initial=self.step, desc="train",
-                   disable=None if self.progress else True)  # None: on a terminal only
-        last: dict[str, Any] = {}
-        with self._stop:
-            while self.step < c.max_steps:
-                self.last_groups = None
-                last = self.train_step()
-                self._emit(last)
-                if c.log_groups and self.last_groups is not None and self.dist.is_main:
-                    ckpt.append_jsonl(self.output_dir / GROUP_LOG, self.last_groups)
-                bar.update(1)
-                bar.set_postfix(reward="skipped" if last.get("skipped") else f"{last['reward_mean']:.3f}",
-                                step_s=f"{last['step_time']:.2f}")
-                # evaluate before checkpointing: a crash in between loses neither (resume redoes both)
-                if c.eval_steps and self.step % c.eval_steps == 0 and self.step < c.max_steps:
-                    self._evaluate_and_log()
-                if c.save_steps and self.step % c.save_steps == 0:
-                    self._save_checkpoint_all_ranks()
-                # data parallel: a stop asked of any rank (torchrun forwards signals to each) stops them all
-                if all_reduce_max(float(self._stop.requested), self.dist) > 0:
-                    bar.close()
-                    path = self._save_checkpoint_all_ranks() if self.checkpoint_on_stop else None
-                    if self.dist.is_main:
-                        print(f"\nstopped at step {self.step}{f': checkpoint written to {path}' if path else ''}; "
-                              f"{self.stop_hint}")
-                    raise KeyboardInterrupt
-        bar.close()
-        self._save_checkpoint_all_ranks()
-        final = self._evaluate_and_log()
-        if self.dist.is_main:
-            ckpt.save_final(self.output_dir, self.model, self.tokenizer)
-        if self._tb is not None:
-            self._tb.close()
-        barrier(self.dist)
-        return {"step": self.step, "last": last, "eval": final}

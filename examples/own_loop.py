@@ -25,10 +25,11 @@ from dppo_core.config import DPPOConfig
 from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.logprobs import completion_logprobs_with_grad
-from dppo_core.models import load_model, warm_start
+from dppo_core.models import load_model
 from dppo_core.rewards import math_reward
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.tasks import ArithmeticTask
+from dppo_core.warm_start import warm_start
 
 CONFIG = DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, beta=0.0,
                     prompts_per_step=8, num_generations=8, max_completion_length=48, seed=0)

@@ -33,9 +33,9 @@ from trl import GRPOConfig  # noqa: E402
 from dppo_core.config import DPPOConfig  # noqa: E402
 from dppo_core.estimator import make_estimator  # noqa: E402
 from dppo_core.integrations.trl import DPPOGRPOTrainer  # noqa: E402
-from dppo_core.models import warm_start  # noqa: E402
 from dppo_core.rewards import accuracy_reward  # noqa: E402
 from dppo_core.tasks import ArithmeticTask  # noqa: E402
+from dppo_core.warm_start import warm_start  # noqa: E402
 
 P, G = 4, 8  # prompts per generation batch, completions per prompt
 CONFIG = DPPOConfig(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, beta=0.0,

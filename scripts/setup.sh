@@ -49,7 +49,7 @@ if [ "$os_name" = Darwin ] && [ "$arch" = x86_64 ]; then
   exit 2
 fi
 
-# Chromium for the browser test (tests/test_browser.py drives it with Playwright; no browser download).
+# Chromium for the browser test (tests/course/test_browser.py drives it with Playwright; no browser download).
 # Only for the tests (`make test` sets DPPO_SETUP_BROWSER=1; `make demo` does not touch the system).
 # Checked on every such run, before the stamp: when missing it is installed from Debian's packages if apt-get
 # is there and we are root or have password-less sudo (DPPO_INSTALL_CHROMIUM=0 turns that off);
@@ -64,7 +64,7 @@ ensure_chromium() {
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then as="sudo -n"; else as=none; fi
   fi
   if [ "${DPPO_INSTALL_CHROMIUM:-1}" != 0 ] && [ "$as" != none ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing Debian's chromium for tests/test_browser.py (DPPO_INSTALL_CHROMIUM=0 skips this)"
+    echo "setup: installing Debian's chromium for tests/course/test_browser.py (DPPO_INSTALL_CHROMIUM=0 skips this)"
     if $as apt-get update -qq && $as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; then
       return 0
     fi
@@ -75,7 +75,7 @@ ensure_chromium() {
     *) echo "error: no chromium, and CI is set: the browser test must run in CI (apt-get install chromium)" >&2
        return 1;;
   esac
-  echo "setup: note: no chromium found, so tests/test_browser.py will be skipped; to run it: sudo apt-get install chromium (Debian/Ubuntu), or set DPPO_CHROMIUM=/path/to/chromium" >&2
+  echo "setup: note: no chromium found, so tests/course/test_browser.py will be skipped; to run it: sudo apt-get install chromium (Debian/Ubuntu), or set DPPO_CHROMIUM=/path/to/chromium" >&2
 }
 if [ "${DPPO_SETUP_BROWSER:-0}" = 1 ] && [ -z "$dry" ]; then ensure_chromium; fi
 

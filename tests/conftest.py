@@ -4,12 +4,21 @@ notebooks and the demo build each one once; without it, into a per-session tempo
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The tiers (tests/unit, tests/system, tests/course, tests/repo; docs/testing.md says what goes where) share the
+# modules of tests/helpers: the mutants (`from mutants import ...`), the exact enumeration of the estimator's draws,
+# what the training tests share (run_helpers) and the workers that system tests start as scripts. The tiers have no
+# __init__.py, so a test file's name must be unique across them.
+HELPERS = Path(__file__).resolve().parent / "helpers"
+if str(HELPERS) not in sys.path:
+    sys.path.insert(0, str(HELPERS))
 
 
 def shared_benchmarks_dir() -> Path | None:
@@ -60,7 +69,8 @@ def warm_small_model(cache_dir: Path) -> Path:
 
     Its completions end where its answers end, from a few tokens to the limit: what a rollout engine meets
     in training (the untrained models rarely stop early)."""
-    from dppo_core.models import TinyModelConfig, WarmStartConfig, warm_start
+    from dppo_core.models import TinyModelConfig
+    from dppo_core.warm_start import WarmStartConfig, warm_start
 
     small = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=32)

@@ -67,8 +67,10 @@ def test_adapter_imports_no_heavy_module_of_dppo_core():
             "import dppo_core.integrations.verl; print(sorted(set(sys.modules) - before))")
     new = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert {m.split(".")[0] for m in new} == {"dppo_core"}, new
-    assert set(new) <= {"dppo_core", "dppo_core.config", "dppo_core.estimator", "dppo_core.grpo", "dppo_core.history",
-                        "dppo_core.pruning", "dppo_core.integrations", "dppo_core.integrations.verl"}, new
+    assert set(new) <= {"dppo_core", "dppo_core.config", "dppo_core.config_checks", "dppo_core.config_files",
+                        "dppo_core.estimator", "dppo_core.grpo", "dppo_core.history", "dppo_core.pruning",
+                        "dppo_core.posterior", "dppo_core.biased_baselines", "dppo_core.integrations",
+                        "dppo_core.integrations.verl"}, new
 
 
 # --- every keep probability 1: verl's own GRPO -------------------------------------------------------------

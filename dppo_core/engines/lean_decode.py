@@ -240,7 +240,7 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
     the lean step, from the same left-padded prefill of six prompts of 1-9 tokens, dropping the rows that
     ``leave[step]`` does not list before that step. ``after_start(model)`` runs once both have their prompt
     cache, before the first step. Returns the largest ``|lean - forward|`` over the logits and how many logit
-    rows were compared (what ``tests/test_lean_decode.py`` and ``dppo doctor --gpu`` check)."""
+    rows were compared (what ``tests/system/test_lean_decode.py`` and ``dppo doctor --gpu`` check)."""
     from transformers import DynamicCache
 
     leave = leave or {}

@@ -75,7 +75,8 @@ except ImportError as exc:  # verl is not a dependency of dppo_core
 from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
 
 __all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "TRAINER_MODE", "check_config",
-           "dynamic_pruning_advantage", "dynamic_pruning_policy_loss", "install", "select_prompt_rows",
+           "dropped_groups", "dynamic_pruning_advantage", "dynamic_pruning_policy_loss", "install",
+           "installed_estimator", "select_prompt_rows",
            "select_prompts", "weigh_rollouts"]
 
 POLICY_LOSS = "dynamic_pruning"
@@ -259,6 +260,18 @@ class _Installed:
 
 
 _INSTALLED = _Installed()
+
+
+def installed_estimator() -> Estimator | None:
+    """The estimator :func:`install` put in place in this process (``None`` before any call)."""
+    return _INSTALLED.estimator
+
+
+def dropped_groups() -> tuple[int, int]:
+    """How many drawn prompt groups the installed estimator dropped so far in this process: ``(failed, lost)``,
+    the groups that came back with fewer than G completions and those that never came back (each warned about
+    when it happens). A trainer reads them before and after a step for that step's counts."""
+    return _INSTALLED.failed_groups, _INSTALLED.lost_groups
 
 
 def _prunes_prompts(estimator: Estimator | None) -> bool:

@@ -69,7 +69,7 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
     _dppo_kept = 0
 
     def __init__(self, config: Any) -> None:
-        if dv._INSTALLED.estimator is None:
+        if dv.installed_estimator() is None:
             raise ValueError(f"trainer.v1.trainer_mode={dv.TRAINER_MODE} needs DPPO's estimator installed in the "
                              "driver (dppo_core.integrations.verl.install, e.g. by examples/verl/dppo_plugin.py "
                              "through VERL_USE_EXTERNAL_MODULES)")
@@ -104,10 +104,10 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
                              f"{self._dppo_candidates} candidates; leave parameter_sync_step at 1")
         metrics.update({"dppo/prompts_candidates": self._dppo_candidates, "dppo/prompts_rolled_out": self._dppo_kept,
                         "dppo/prompt_keep_fraction": self._dppo_kept / max(1, self._dppo_candidates)})
-        failed, lost = dv._INSTALLED.failed_groups, dv._INSTALLED.lost_groups
+        failed, lost = dv.dropped_groups()
         batch = super()._step_once(metrics, timing_raw, self._dppo_kept)
-        metrics.update({"dppo/failed_groups": dv._INSTALLED.failed_groups - failed,
-                        "dppo/lost_groups": dv._INSTALLED.lost_groups - lost})
+        failed_after, lost_after = dv.dropped_groups()
+        metrics.update({"dppo/failed_groups": failed_after - failed, "dppo/lost_groups": lost_after - lost})
         return batch
 
     # --- the prompt history beside verl's checkpoint ---------------------------------------------------
@@ -122,7 +122,7 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
     def _save_checkpoint(self) -> None:
         """The history first: verl's save ends by marking the folder the latest checkpoint (and calling the user's
         checkpoint callback), which must find the history there."""
-        estimator = dv._INSTALLED.estimator
+        estimator = dv.installed_estimator()
         if estimator is not None:
             path = self._step_folder() / HISTORY_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
-        estimator = dv._INSTALLED.estimator
+        estimator = dv.installed_estimator()
         if estimator is None or self.global_steps == 0:
             return
         path = self._step_folder(resume=True) / HISTORY_FILE

@@ -7,7 +7,7 @@ What it computes (:func:`advise`), each with what it assumes:
 - **persistence** (:func:`dppo_core.grouplog.persistence`): how far a prompt's last group tells whether its next
   will be all-equal (every reward equal: no gradient), what any pruning of prompts by history can see;
 - **the predictor's separation**: the run replayed step by step with DPPO's own prompt predictor (a
-  :class:`~dppo_core.history.PromptHistory` and :func:`~dppo_core.pruning.posterior_scores`, the scheme
+  :class:`~dppo_core.history.PromptHistory` and :func:`~dppo_core.posterior.posterior_scores`, the scheme
   ``prompt_scheme: posterior`` uses): before each step its prompts are scored, then the step's groups observed. The
   AUC of the score for "this group is informative", over the groups whose prompt was seen before and over all;
 - **the prompt stage**: DPPO's prompt keep probabilities π (the ``tiny-dppo`` preset's estimator through
@@ -44,7 +44,7 @@ from dppo_core.config import ConfigError, preset
 from dppo_core.estimator import DPPOEstimator, make_estimator
 from dppo_core.grouplog import FILENAME, informative, persistence, read_groups, read_records
 from dppo_core.grpo import group_advantages
-from dppo_core.pruning import posterior_scores
+from dppo_core.posterior import posterior_scores
 
 #: The metrics the ceiling's cost model is fitted to, per step of ``metrics.jsonl``.
 PHASE_KEYS = ("time_rollout", "time_update", "step_time", "tokens_generated", "tokens_trained")
@@ -95,7 +95,7 @@ def load_run(run: str | Path) -> dict[str, Any]:
     if not groups_path.is_file():
         raise AdviseError(f"{run} has no {FILENAME}; dppo train and dppo bench write one per run (unless "
                           "log_groups is false); for another trainer, write one line per step with "
-                          "dppo_core.grouplog.group_record and dppo_core.checkpoint.append_jsonl")
+                          "dppo_core.grouplog.group_record and dppo_core.run.disk.append_jsonl")
     try:
         groups = [g for g in read_groups(groups_path) if g.get("ids")]
     except (KeyError, TypeError) as exc:  # a line without "step"

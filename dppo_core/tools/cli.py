@@ -26,7 +26,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     with the package, or with --from-scratch trained here)."""
     import json
 
-    from dppo_core.models import WarmStartConfig, build_tiny_model, warm_start
+    from dppo_core.models import build_tiny_model
+    from dppo_core.warm_start import WarmStartConfig, warm_start
 
     t0 = time.perf_counter()
     base = build_tiny_model(cache_dir=args.cache_dir, force=args.from_scratch)
@@ -43,10 +44,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
-    from dppo_core.models import WarmStartConfig, count_parameters, load_model, warm_start
+    from dppo_core.models import count_parameters, load_model
     from dppo_core.tools.bench import BENCH_PRESETS, format_levels, format_table, run_bench
     from dppo_core.tools.bench.report import machine_load
     from dppo_core.tools.bench.run import holds_bench
+    from dppo_core.warm_start import WarmStartConfig, warm_start
 
     if not args.resume and not args.overwrite:
         holds_bench(args.output_dir, resume=False, overwrite=False)  # refused before anything runs
@@ -624,13 +626,13 @@ def _inside_the_package(filename: object) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "warm_start_steps", None) is None and hasattr(args, "warm_start_steps"):
-        from dppo_core.models import WarmStartConfig
+        from dppo_core.warm_start import WarmStartConfig
 
         args.warm_start_steps = WarmStartConfig.steps
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        from dppo_core.checkpoint import StopRequest
+        from dppo_core.run import StopRequest
 
         if not StopRequest.stopping:  # a training loop's stop has already said what it wrote and what to run next
             print("\ninterrupted", file=sys.stderr)

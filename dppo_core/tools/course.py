@@ -20,7 +20,7 @@ offline.
 The committed results the chapters read (:func:`dppo_core.tools.bench.report.committed_result`) ship inside the
 package too, as a snapshot of the repository's files (:data:`RESULTS`): :func:`chapter_results` lists what the
 chapters read, and ``python -m dppo_core.tools.course --sync-results`` (from a checkout) copies them again
-after a committed result changes (tests/test_course.py checks the copies are current).
+after a committed result changes (tests/course/test_course.py checks the copies are current).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ SOLUTIONS = Path(__file__).resolve().parents[1] / "assets" / "course" / "solutio
 #: (``RESULTS / "benchmarks/results/cpu-peers/bench.json"``), shipped in the package.
 RESULTS = Path(__file__).resolve().parents[1] / "assets" / "course" / "results"
 
-# The Makefile's pins (tests/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
+# The Makefile's pins (tests/course/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
 # AVX2, so that a chapter runs with the kernels `make test` runs it with. Pins narrow the differences between CPUs
 # without removing them; the outputs the tests compare do not depend on them.
 CPU_KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}

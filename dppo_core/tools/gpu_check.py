@@ -186,7 +186,7 @@ def _layout_check(name: str, model_dir: str | Path, device: torch.device, attent
     """Load the model with ``attention`` (bf16 on CUDA, fp32 on CPU) and run ``case(model, tolerance)``."""
     from transformers import AutoModelForCausalLM
 
-    from dppo_core.models import quiet_transformers
+    from dppo_core.model_files import quiet_transformers
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tol = BF16 if dtype == torch.bfloat16 else FP32

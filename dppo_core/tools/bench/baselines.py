@@ -91,7 +91,7 @@ class OfflineFilter(DPPOTrainer):
             if self.step > 0:  # the filtered pool is not in the checkpoint: a resumed run would train on all of it
                 raise RuntimeError("grpo_skip_filtered cannot resume a run (its filtered pool is not checkpointed); "
                                    "start it again (a bench resumed with --resume starts unfinished runs again)")
-            self._emit(self.prefilter())
+            self.log(self.prefilter())
         self._filtered = True
         return super().train_step()
 

@@ -46,7 +46,7 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "trl_dppo": {"packing": False, "dense_prompts": False},
     # the strong GRPO baseline: drops exactly the completions whose loss is identically zero (A = 0 with
     # beta = 0; the estimator with both prune rates 0 gives them probability 0 and every other weight 1) and
-    # packs what it trains, like dppo; its gradient equals grpo's (tests/test_exact_expectation.py)
+    # packs what it trains, like dppo; its gradient equals grpo's (tests/unit/test_exact_expectation.py)
     "grpo_skip": {"pruning": "dppo", "prompt_prune_rate": 0.0, "completion_prune_rate": 0.0,
                   "drop_zero_advantage": True, "packing": True, "max_tokens_per_row": 128},
     # grpo with half the prompts per step (HALF_BATCH_METHODS): is the full batch more than early training needs?
@@ -145,7 +145,7 @@ CPU_BASELINES_SETTING: dict[str, Any] = {"train_pool_size": 256, "max_steps": 60
 #: How long `make demo` (`dppo demo`) takes once the warm-started model is there: 79-81 s in all over three runs
 #: on an idle 2-core machine (AVX2 kernels), 80 s with the current rollout loop (docs/quickstart.md). The one
 #: source of that time: the demo prints it as it starts (the preset's ``runtime``), ``dppo bench --list`` lists it,
-#: and tests/test_readme.py keeps the README's quick start saying the same.
+#: and tests/repo/test_readme.py keeps the README's quick start saying the same.
 DEMO_TIME = "about 1.5 minutes"
 
 #: The cpu-realistic pool: the embedded task's levels mixed so that, for the shipped warm-started model, the shares
@@ -305,8 +305,8 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
 
 def reference_method(methods: Iterable[str]) -> str:
     """The method the target accuracy and ``speedup_vs_<it>`` are relative to: ``grpo`` when it ran, else
-    ``grpo_skip`` (its gradient equals grpo's at every step, tests/test_exact_expectation.py, so it learns alike and
-    only costs less: a bench can leave grpo's slower runs out)."""
+    ``grpo_skip`` (its gradient equals grpo's at every step, tests/unit/test_exact_expectation.py, so it learns alike
+    and only costs less: a bench can leave grpo's slower runs out)."""
     names = set(methods)
     return next(m for m in REFERENCE_METHODS if m in names)
 

@@ -137,7 +137,7 @@ def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[i
 def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
     """Refuse an ``output_dir`` that holds a bench (``bench.json`` or ``runs/``) unless ``resume`` or ``overwrite``;
     with ``overwrite``, move it aside and return where it went."""
-    from dppo_core.checkpoint import check_output_dir, move_aside, must_move_aside
+    from dppo_core.run.disk import check_output_dir, move_aside, must_move_aside
 
     found = [name for name in ("bench.json", "bench.md", "runs") if (output_dir / name).exists()]
     check_output_dir(output_dir)
@@ -147,21 +147,21 @@ def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | No
     return None
 
 
-#: What a bench's run directory holds besides what our trainer writes (:func:`dppo_core.checkpoint.writes`): the
+#: What a bench's run directory holds besides what our trainer writes (:func:`dppo_core.run.disk.writes`): the
 #: TRL peers' arguments and output directory (``run_method`` starts an unfinished run again, and nothing else)
 BENCH_RUN_FILES = ("trl", "trl_args.json")
 
 
 def bench_run_writes(name: str) -> bool:
     """Whether a bench run (ours or a TRL peer) writes a file or directory of this ``name`` into its directory."""
-    from dppo_core.checkpoint import writes
+    from dppo_core.run.disk import writes
 
     return name in BENCH_RUN_FILES or writes(name)
 
 
 def _clear_unfinished_run(out: Path) -> None:
     """Remove an unfinished run of a bench (no ``run.json``) before it runs again; refuse anything else."""
-    from dppo_core.checkpoint import RunExistsError
+    from dppo_core.run import RunExistsError
 
     if not out.exists():
         return
@@ -183,7 +183,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
 
     ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
     configuration is built and validated before the first run starts, so a bad override fails at once.
-    An ``output_dir`` that holds a bench is refused (:class:`~dppo_core.checkpoint.RunExistsError`, nothing
+    An ``output_dir`` that holds a bench is refused (:class:`~dppo_core.run.RunExistsError`, nothing
     changed) unless ``resume``, which keeps the runs that finished before (their ``run.json`` exists) and starts
     the others again, or ``overwrite``, which moves the earlier bench to ``<output_dir>.previous-<n>`` first.
     ``on_record(method, seed,

@@ -136,7 +136,7 @@ def run_trl_trainer(config: DPPOConfig, preset: BenchPreset, log: Callable[[str]
     import torch
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dppo_core.models import quiet_transformers
+    from dppo_core.model_files import quiet_transformers
     from dppo_core.policy import resolve_model_path
     from dppo_core.rewards import accuracy_reward
 

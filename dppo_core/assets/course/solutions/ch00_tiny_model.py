@@ -1,6 +1,6 @@
 """Chapter 00 exercises, solved and checked: digit tokens, the parameter count, the standard error.
 
-Run: python dppo_core/assets/course/solutions/ch00_tiny_model.py   (seconds; tests/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch00_tiny_model.py   (seconds; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Chapter 01 exercises, solved and checked: scientific notation, pass@k, a format reward.
 
-Run: python dppo_core/assets/course/solutions/ch01_rewards.py   (seconds, no model; tests/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch01_rewards.py   (seconds, no model; tests/course/test_solutions.py
+runs it too)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Chapter 02 exercises, solved and checked: a KV cache, truncated importance weights, the temperature
 of a log-prob.
 
-Run: python dppo_core/assets/course/solutions/ch02_rollouts.py   (seconds, on the small model; tests/test_solutions.py
-runs it too)
+Run: python dppo_core/assets/course/solutions/ch02_rollouts.py   (seconds, on the small model;
+tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

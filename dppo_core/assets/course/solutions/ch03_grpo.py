@@ -1,7 +1,8 @@
 """Chapter 03 exercises, solved and checked: the k3 KL estimator, Dr. GRPO's advantages, and why the
 loss normaliser must be constant once completions are pruned.
 
-Run: python dppo_core/assets/course/solutions/ch03_grpo.py   (seconds, no model; tests/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch03_grpo.py   (seconds, no model; tests/course/test_solutions.py
+runs it too)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each check compares the piece with autograd, with ``dppo_core.grpo.policy_loss``
 with an exact sum over every outcome (every group of answers, every keep pattern: few enough to list): no
 sampling decides a check.
 
-Run: python dppo_core/assets/course/solutions/ch03b_estimation.py   (seconds, no model; tests/test_solutions.py
+Run: python dppo_core/assets/course/solutions/ch03b_estimation.py   (seconds, no model; tests/course/test_solutions.py
 runs it too)
 """
 

@@ -2,7 +2,7 @@
 merging an adapter into the weights.
 
 Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes built
-on the meta device, which allocates no memory; tests/test_solutions.py runs it too)
+on the meta device, which allocates no memory; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

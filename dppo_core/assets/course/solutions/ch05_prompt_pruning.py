@@ -2,7 +2,7 @@
 history, what GRESO needs to become unbiased, and a prior for the posterior fitted to the pool.
 
 Run: python dppo_core/assets/course/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
-from synthetic rewards; tests/test_solutions.py runs it too)
+from synthetic rewards; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -14,14 +14,8 @@ import numpy as np
 import torch
 
 from dppo_core.grpo import group_advantages
-from dppo_core.pruning import (
-    PromptHistory,
-    beta_binomial_pmf,
-    greso_keep_probs,
-    posterior_scores,
-    prompt_keep_probs,
-    sample_keep,
-)
+from dppo_core.posterior import beta_binomial_pmf, posterior_scores
+from dppo_core.pruning import PromptHistory, greso_keep_probs, prompt_keep_probs, sample_keep
 
 G = 8
 

@@ -2,7 +2,7 @@
 pruning by |A|, and the keep probabilities that minimise the variance under a token budget.
 
 Run: python dppo_core/assets/course/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
-and each completion's gradient is stood in for by a number s; tests/test_solutions.py runs it too)
+and each completion's gradient is stood in for by a number s; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 density, and the block-diagonal mask read off the position ids.
 
 Run: python dppo_core/assets/course/solutions/ch07_packing.py   (seconds, no model: synthetic sequences as long as the
-chapter's pruned batch; tests/test_solutions.py runs it too)
+chapter's pruned batch; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import random
 
 import torch
 
-from dppo_core.models import block_causal_mask
-from dppo_core.packing import PackSequence, pack, pack_micro_batches, plan_rows
+from dppo_core.packing import PackSequence, block_causal_mask, pack, pack_micro_batches, plan_rows
 
 
 def synthetic_sequences(n: int = 96, seed: int = 0) -> list[PackSequence]:
@@ -145,7 +144,7 @@ def exercise_4(mask_from_position_ids=mask_from_position_ids) -> None:
         real = batch.seq_ids >= 0                                           # (R, T) query slots that are tokens
         assert torch.equal(ours[:, 0][real], package[:, 0][real])          # every real token: the same keys
         assert not (ours[:, 0] & real[:, :, None] & ~real[:, None, :]).any()  # no real token sees padding
-    print("mask from position_ids == dppo_core.models.block_causal_mask(seq_ids) for every real token, 3 packings")
+    print("mask from position_ids == dppo_core.packing.block_causal_mask(seq_ids) for every real token, 3 packings")
     # Padding rows differ (block_causal_mask lets a padding slot see earlier padding), which changes nothing:
     # no real token attends to padding either way. Reading boundaries off position_ids is what transformers
     # does in the flash-attention path, given one flattened row with no padding; the package builds the

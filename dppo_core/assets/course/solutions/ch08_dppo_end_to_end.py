@@ -2,7 +2,7 @@
 for completion pruning, and why the measured speedup can beat the token-cost bound.
 
 Run: python dppo_core/assets/course/solutions/ch08_dppo_end_to_end.py
-(under a second, no model; tests/test_solutions.py runs it too)
+(under a second, no model; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

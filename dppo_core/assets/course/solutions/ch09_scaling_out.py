@@ -1,8 +1,8 @@
 """Chapter 09 exercises, solved and checked: shares of the kept prompts, summed vs averaged gradients,
 and what per-rank pruning draws would lose.
 
-Run: python dppo_core/assets/course/solutions/ch09_scaling_out.py   (a few seconds, no model; tests/test_solutions.py
-runs it too)
+Run: python dppo_core/assets/course/solutions/ch09_scaling_out.py   (a few seconds, no model;
+tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations

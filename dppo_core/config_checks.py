@@ -1,0 +1,143 @@
+"""What a :class:`~dppo_core.config.DPPOConfig` may hold: the allowed values of its enumerated fields, the checks
+of every field, and :class:`ConfigError`, whose message names the field and how to fix it.
+
+The enumerations are defined here once (torch-free, so the config stays light); :mod:`dppo_core.grpo` and
+:mod:`dppo_core.pruning` check their arguments against the same tuples. All of these are importable from
+:mod:`dppo_core.config` too. :func:`check_fields` is what ``DPPOConfig.validate`` runs; it takes the config as
+``Any`` because this module sits below :mod:`dppo_core.config` (which imports it) and may not import it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
+ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")  # rollout_correction: dppo_core.grpo's engine weights
+PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
+SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
+SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
+PROMPT_SCHEMES = (*SCHEMES, "posterior", "fitted")  # prompt_scheme: posterior scores every prompt by its whole history
+COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
+FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
+LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.config.learning_rate_at
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+def check_fields(c: Any) -> None:
+    """Raise :class:`ConfigError` naming the first field of config ``c`` that is invalid, and how to fix it."""
+    _check_sampling_and_objective(c)
+    _check_pruning(c)
+    _check_layout_and_run(c)
+
+
+def _needs(c: Any) -> Callable[[bool, str, str], None]:
+    """``need(cond, name, msg)``: raise a :class:`ConfigError` for field ``name`` of ``c`` unless ``cond``."""
+
+    def need(cond: bool, name: str, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{name}={getattr(c, name)!r}: {msg}")
+
+    return need
+
+
+def _check_sampling_and_objective(c: Any) -> None:
+    need = _needs(c)
+    need(c.num_generations >= 2, "num_generations",
+         "group advantages need at least 2 completions per prompt; use 4-16")
+    need(c.prompts_per_step >= 1, "prompts_per_step", "must be at least 1")
+    need(c.max_completion_length >= 1, "max_completion_length", "must be at least 1 token")
+    need(c.temperature > 0, "temperature", "RL needs sampling: use a temperature > 0, e.g. 1.0")
+    need(0 < c.top_p <= 1, "top_p", "must be in (0, 1]")
+    need(c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"choose one of {', '.join(ROLLOUT_ENGINES)}")
+    need(c.rollout_correction in ROLLOUT_CORRECTIONS, "rollout_correction",
+         f"choose one of {', '.join(ROLLOUT_CORRECTIONS)}")
+    need(c.rollout_correction_cap >= 1, "rollout_correction_cap",
+         "the truncation must be >= 1 (below 1 it would shrink on-policy tokens), e.g. 2")
+    need(c.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-4 (full) or 3e-4 (LoRA)")
+    need(c.beta >= 0, "beta", "the KL weight must be >= 0 (0 disables the KL term)")
+    need(0 < c.epsilon < 1, "epsilon", "the clipping range must be in (0, 1), e.g. 0.2")
+    need(c.epsilon_high is None or c.epsilon_high > 0, "epsilon_high", "must be > 0 or None")
+    need(c.loss_type in LOSS_TYPES, "loss_type", f"choose one of {', '.join(LOSS_TYPES)}")
+    need(c.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
+    need(c.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
+    need(c.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
+
+def _check_pruning(c: Any) -> None:
+    need = _needs(c)
+    need(c.pruning in PRUNING_MODES, "pruning", f"choose one of {', '.join(PRUNING_MODES)}")
+    for name in ("prompt_prune_rate", "completion_prune_rate"):
+        need(0 <= getattr(c, name) < 1, name, "a prune rate must be in [0, 1), e.g. 0.5")
+    need(c.prompt_scheme in PROMPT_SCHEMES, "prompt_scheme", f"choose one of {', '.join(PROMPT_SCHEMES)}")
+    need(c.completion_scheme in COMPLETION_SCHEMES, "completion_scheme",
+         f"choose one of {', '.join(COMPLETION_SCHEMES)}")
+    need(c.fixed_size_design in FIXED_SIZE_DESIGNS, "fixed_size_design",
+         f"choose one of {', '.join(FIXED_SIZE_DESIGNS)}")
+    need(c.posterior_half_life is None or c.posterior_half_life > 0, "posterior_half_life",
+         "must be > 0 steps (e.g. 20) or null (never discounted)")
+    need(c.length_exponent >= 0, "length_exponent", "must be >= 0 (0.5: p ∝ |A| / sqrt(len))")
+    need(c.completion_target_ess is None or c.completion_target_ess > 0, "completion_target_ess",
+         "must be > 0 (an effective number of completions per step, e.g. 64) or null (the fixed rate)")
+    for name in ("min_prompt_keep_prob", "min_completion_keep_prob"):
+        need(0 < getattr(c, name) <= 1, name,
+             "a keep-probability floor must be in (0, 1]; 0 would make the estimator biased")
+    need(c.max_tokens_per_row >= 2, "max_tokens_per_row",
+         "a row must hold at least a prompt token and a completion token")
+    need(c.packing_window >= 1, "packing_window", "must be at least 1 (1: next fit in order)")
+    need(c.packing_rows_per_micro_batch >= 1, "packing_rows_per_micro_batch", "must be at least 1 row")
+    need(c.prompt_window_factor >= 1, "prompt_window_factor", "must be at least 1")
+    need(c.history_max_age is None or c.history_max_age >= 1, "history_max_age", "must be >= 1 or null")
+    need(c.pruning != "none" or (c.prompt_prune_rate == 0 and c.completion_prune_rate == 0),
+         "pruning", "prune rates are set but pruning is 'none'; set pruning: dppo (or cppo/greso)")
+    dppo_prunes_prompts = c.pruning == "dppo" and c.prompt_prune_rate > 0
+    need(not (dppo_prunes_prompts and c.loss_type == "dapo"), "loss_type",
+         "dapo divides by the tokens of the rolled-out completions, which prompt pruning changes (the pruned "
+         "loss would be about 1 / mean(keep probability) times the full batch's); use loss_type: dr_grpo (a "
+         "token sum over a constant normaliser) or grpo, or prompt_prune_rate: 0")
+    need(not (dppo_prunes_prompts and c.scale_rewards == "batch"), "scale_rewards",
+         "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would be "
+         "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
+    need(c.pruning != "cppo" or c.prompt_prune_rate == 0, "prompt_prune_rate",
+         "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
+    need(c.pruning != "pods" or c.prompt_prune_rate == 0, "prompt_prune_rate",
+         "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
+    need(c.pruning != "greso" or c.completion_prune_rate == 0, "completion_prune_rate",
+         "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
+
+def _check_layout_and_run(c: Any) -> None:
+    need = _needs(c)
+    need(c.update_mode in UPDATE_MODES, "update_mode", f"choose one of {', '.join(UPDATE_MODES)}")
+    need(c.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
+         f"choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    varlen = c.attn_implementation in ("flash_attention_2", "torch_varlen")
+    need(not (varlen and c.device == "cpu"), "attn_implementation",
+         f"{c.attn_implementation} runs on CUDA only; use auto or sdpa on CPU")
+    need(not (varlen and c.shared_prefix), "attn_implementation",
+         f"the shared-prefix layout needs an attention mask, which {c.attn_implementation} does not take; use "
+         "auto (segment attention), sdpa, or set shared_prefix: false")
+    need(c.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
+    need(c.max_steps >= 1, "max_steps", "must be at least 1")
+    need(c.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
+    need(0.0 <= c.min_lr_ratio <= 1.0, "min_lr_ratio",
+         "must be in [0, 1] (a fraction of learning_rate, e.g. 0.1)")
+    need(c.warmup_steps >= 0, "warmup_steps", "must be >= 0 (0: no warm-up)")
+    need(c.save_steps >= 0, "save_steps", "must be >= 0 (0: only at the end)")
+    need(c.eval_steps >= 0, "eval_steps", "must be >= 0 (0: only before the first step and after the last)")
+    need(c.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
+    need(len(c.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
+    need(c.train_pool_size is None or c.train_pool_size >= 1, "train_pool_size",
+         "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
+    need(c.eval_benchmark_limit is None or c.eval_benchmark_limit >= 1, "eval_benchmark_limit",
+         "evaluate on at least 1 problem per benchmark, or null for all")
+    need(c.eval_levels is None or len(c.eval_levels) > 0, "eval_levels",
+         "give at least one level, or null for the training levels")
+    if c.level_weights is not None:
+        need(len(c.level_weights) == len(c.train_levels) and min(c.level_weights) >= 0
+             and sum(c.level_weights) > 0, "level_weights",
+             f"give {len(c.train_levels)} non-negative weights (one per train level) or null")

@@ -1,0 +1,103 @@
+"""The ``posterior`` and ``fitted`` prompt schemes' scores: what a prompt's whole history says about its next group.
+
+A prompt's success rate is given a Beta posterior from the discounted passes and failures of every group it had
+(:meth:`~dppo_core.history.PromptHistory.evidence`); the passes of its next group of G are then Beta-binomial
+(:func:`beta_binomial_pmf`), and :func:`posterior_scores` is √E[Σ A² / G] of that group (:func:`group_signal`):
+√P(the next group is informative) with group-scaled advantages. :func:`dppo_core.pruning.prompt_keep_probs`
+keeps prompts ``proportional`` to it (``posterior``) or to its square under a prior fitted to the pool
+(``fitted``, :meth:`~dppo_core.history.PromptHistory.fitted_prior`). The posterior reads rewards as pass rates in
+[0, 1] and refuses a record that such rewards cannot have (:func:`check_pass_rates`); the other prompt schemes
+read the rewards only through |A|.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+import torch
+
+from dppo_core.history import PromptHistory, PromptRecord
+
+
+def beta_binomial_pmf(alpha: float, beta: float, n: int) -> np.ndarray:
+    """P(k successes in n) for k = 0..n when the success rate is Beta(alpha, beta) distributed."""
+    k = np.arange(n + 1)
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+    log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta) for i in k])
+    log_b0 = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
+    pmf = np.exp(log_choose + log_b - log_b0)
+    return cast(np.ndarray, pmf / pmf.sum())  # numpy types a ufunc's result's dtype, and so this, as Any
+
+
+def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -> np.ndarray:
+    """Σ_i A_i² / G of a group of pass/fail rewards with k passes: what its gradient's squared size scales with.
+
+    Group-scaled advantages have Σ A² = G in every group that is not all right or all wrong (up to eps), so 1
+    there and 0 at k = 0 or G; unscaled (``none``) ones have Σ A² / G = k (G - k) / G², the rewards' variance.
+    """
+    k = np.asarray(k, dtype=np.float64)
+    if scale_rewards == "none":
+        return cast(np.ndarray, k * (group_size - k) / group_size**2)  # numpy: Any (see beta_binomial_pmf)
+    return ((k > 0) & (k < group_size)).astype(np.float64)
+
+
+def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) -> None:
+    """Refuse a prompt's record whose rewards cannot all have been in [0, 1], naming the prompt and the rewards.
+
+    :func:`posterior_scores` reads a group's rewards as pass rates: its evidence is G x the mean reward passes
+    (:meth:`PromptHistory.update`), the mean clipped into [0, 1]. Rewards outside [0, 1] (a sum of reward
+    functions such as accuracy + format, rewards in {-1, 2}, continuous scores such as 3.7) make that evidence
+    wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all passed).
+    Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1], equality
+    for pass/fail rewards), so a record outside those bounds cannot come from them; the check sees the last
+    group only (the history keeps its mean and std, not its rewards), so an earlier group outside [0, 1] whose
+    record was replaced by one inside goes unseen.
+    """
+    m, v = record.mean_reward, record.reward_std ** 2
+    if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
+        raise ValueError(
+            f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
+            f"{prompt_id!r}'s last group (step {record.step}) had mean reward {m:.6g} and std "
+            f"{record.reward_std:.6g}, which rewards in [0, 1] cannot have: its evidence was clipped into [0, 1] and "
+            "the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
+            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
+            "'proportional', which read only |A|")
+
+
+def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
+                     step: int | None = None, max_age: int | None = None, prior: tuple[float, float] = (1.0, 1.0),
+                     scale_rewards: str = "group") -> torch.Tensor:
+    """Each prompt's expected learning signal from everything its history shows: √E[Σ A² / G] of its next group.
+
+    The prompt's success rate is Beta(prior + discounted successes, prior + discounted failures)
+    (:meth:`PromptHistory.evidence`); the next group's passes k are then Beta-binomial over ``group_size``
+    draws, and the score is √(Σ_k P(k) · :func:`group_signal` (k)). With group-scaled advantages that is
+    √P(the group is informative) = √(1 - E[p^G] - E[(1 - p)^G]). The square root because the
+    variance-optimal inclusion probability of a prompt is ∝ √E‖S_q‖² (docs/estimator.md), and E‖S_q‖² scales
+    with E[Σ A²] when completions' gradients are of similar size. Unseen prompts (and, with ``max_age``,
+    prompts last seen longer ago) get the prior's score. Rewards must lie in [0, 1] (those strictly inside count
+    as fractional passes): a record that rewards in [0, 1] cannot have raises ValueError (:func:`check_pass_rates`).
+    Returns float64, shape (len(prompt_ids),).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size!r} must be at least 1 (the completions per prompt, G)")
+    if min(prior) <= 0:
+        raise ValueError(f"prior={prior!r}: both Beta parameters must be > 0, e.g. (1, 1) (uniform)")
+    k = np.arange(group_size + 1)
+    signal = group_signal(k, group_size, scale_rewards)
+    cache: dict[tuple[float, float], float] = {}
+    out = []
+    for pid in prompt_ids:
+        rec = history.get(pid)
+        stale = rec is not None and max_age is not None and step is not None and step - rec.step > max_age
+        if rec is not None and not stale:
+            check_pass_rates(pid, rec)
+        s, f = (0.0, 0.0) if rec is None or stale else history.evidence(pid, step)
+        key = (round(prior[0] + s, 9), round(prior[1] + f, 9))
+        if key not in cache:
+            cache[key] = math.sqrt(max(0.0, float(beta_binomial_pmf(*key, group_size) @ signal)))
+        out.append(cache[key])
+    return torch.tensor(out, dtype=torch.float64)

@@ -1,0 +1,367 @@
+"""Mutants of the DPPO estimator: the mistakes an implementation is likely to make.
+
+Each must be caught by the unbiasedness tests, which shows that those tests have the power to see a small
+bias, not only a large one: ``MUTANTS`` by both tests/unit/test_exact_expectation.py (exact enumeration, in the
+trainer's order) and tests/system/test_unbiased.py (Monte Carlo through the trainer, on a real model's gradient);
+``EXACT_MUTANTS`` by the exact enumeration only (their bias is below what a few thousand random draws see, or
+shows only when ``observe`` runs between ``select`` and ``weigh``, as in ``DPPOTrainer.train_step``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dppo_core.estimator import DPPOEstimator, Selection, Weighting
+from dppo_core.pruning import PromptHistory
+
+
+class ScaledRandomWeights(DPPOEstimator):
+    """Weights of the randomly kept completions (p < 1) 5% too large."""
+
+    factor = 1.05
+
+    def weigh(self, advantages, selection=None, step=0, **kwargs):
+        w = super().weigh(advantages, selection, step, **kwargs)
+        probs = self.completion_probs(advantages, kwargs.get("lengths"), None if selection is None else selection.probs)
+        random = (probs < 1) & w.keep
+        return Weighting(w.keep, torch.where(random, w.weights * self.factor, w.weights), w.num_sequences)
+
+
+class NoPromptFloor(DPPOEstimator):
+    """The floor ignored: prompts whose last group was degenerate get keep probability 0 (never rolled out)."""
+
+    def prompt_probs(self, ids, step, budget=None):
+        p = super().prompt_probs(ids, step, budget)
+        scores = torch.tensor([self.history.score(i, step, self.history_max_age) or 0.0 for i in ids])
+        return torch.where((scores == 0) & (p < 1), torch.zeros_like(p), p)
+
+
+class StalePromptProbs(DPPOEstimator):
+    """π taken one step stale: the prompts are drawn with today's π, but weighted by the previous step's."""
+
+    stale: PromptHistory | None = None
+
+    def select(self, candidate_ids, step, size=None):
+        sel = super().select(candidate_ids, step, size)
+        now, self.history = self.history, self.stale
+        try:
+            sel.probs = self.prompt_probs([candidate_ids[i] for i in sel.indices], step)
+        finally:
+            self.history = now
+        return sel
+
+
+class KeptCountNormaliser(DPPOEstimator):
+    """C = the number of completions kept (a ratio), instead of the constant |B|·G."""
+
+    def weigh(self, advantages, selection=None, step=0, **kwargs):
+        w = super().weigh(advantages, selection, step, **kwargs)
+        return Weighting(w.keep, w.weights, max(1, int(w.keep.sum())))
+
+
+class SlightlyScaledRandomWeights(ScaledRandomWeights):
+    """Weights of the randomly kept completions (p < 1) 3% too large."""
+
+    factor = 1.03
+
+
+class StaleDensePromptProbs(DPPOEstimator):
+    """π one step stale in dense windows only: a dense window is drawn with today's π and weighted with the
+    previous step's (over the same window and budget); a step whose candidates are given is right."""
+
+    dense_only = True  # the same as the real estimator without dense prompts
+    stale: PromptHistory | None = None
+
+    def select(self, candidate_ids, step, size=None):
+        sel = super().select(candidate_ids, step, size)
+        if size is None or not self.dense_prompts:
+            return sel
+        now, self.history = self.history, self.stale
+        try:
+            sel.probs = self.prompt_probs(list(candidate_ids[:sel.window]), step, budget=size)[sel.indices]
+        finally:
+            self.history = now
+        return sel
+
+
+class ProbsFromUpdatedHistory(DPPOEstimator):
+    """π_q recomputed in ``weigh`` from the history, which ``observe`` has just updated with this step's own
+    groups (the trainer observes before it weighs): the prompts are drawn with one π and weighted with another.
+    Called without ``observe`` in between, it is the real estimator."""
+
+    def select(self, candidate_ids, step, size=None):
+        sel = super().select(candidate_ids, step, size)
+        dense = size is not None and self.dense_prompts
+        self.window_ids, self.budget = list(candidate_ids[:sel.window]), size if dense else None
+        return sel
+
+    def weigh(self, advantages, selection=None, step=0, **kwargs):
+        probs = self.prompt_probs(self.window_ids, step, budget=self.budget)
+        selection = Selection(selection.indices, probs[selection.indices], selection.window)
+        return super().weigh(advantages, selection, step, **kwargs)
+
+
+MUTANTS = (ScaledRandomWeights, NoPromptFloor, StalePromptProbs, KeptCountNormaliser)
+EXACT_MUTANTS = (SlightlyScaledRandomWeights, StaleDensePromptProbs, ProbsFromUpdatedHistory)
+
+
+# === Rollout-correction (engine weight) mutants: tests/system/test_rollout_correction.py =========================
+# Not estimators: each is a wrong line in the trainer's loss path, installed with pytest's monkeypatch over the function
+# that holds it (``install(monkeypatch)``). ``ENGINE_MUTANTS`` must each be caught by the exact, enumerated check that
+# the sequence-level engine weight makes the trainer's pruned step with a KL term on-policy GRPO's
+# (test_rollout_correction.py, ``test_engine_weight_mutants_are_caught``).
+
+
+def inverted_engine_weight(monkeypatch) -> None:
+    """The engine weight inverted: min(μ/π_old, C) instead of min(π_old/μ, C)."""
+    from dppo_core import logprobs, trainer
+    from dppo_core.grpo import truncated_importance_weights
+
+    def wrong(config, level, seqs, idx, old_logprobs, mask):
+        _, logged = logprobs.engine_weights(config, level, seqs, idx, old_logprobs, mask)
+        engine = logprobs.engine_logprob_grid(seqs, idx, old_logprobs)
+        w = truncated_importance_weights(engine, old_logprobs.detach().to(engine.dtype), config.rollout_correction_cap,
+                                         level=level, mask=mask)
+        return torch.where(mask.bool(), w, torch.ones_like(w)), logged
+
+    monkeypatch.setattr(trainer, "engine_weights", wrong)
+
+
+def _split_policy_loss(monkeypatch, weigh_surrogate: bool, weigh_kl: bool) -> None:
+    """``policy_loss`` with the engine weight on the surrogate only, or on the KL term only (the loss is linear in
+    the per-token terms: the KL term is the loss with ``beta`` minus the loss without)."""
+    from dppo_core import grpo, trainer
+
+    def wrong(logprobs, advantages, mask, *, beta=0.0, token_weights=None, **kwargs):
+        def part(b, w):
+            return grpo.policy_loss(logprobs, advantages, mask, beta=b, token_weights=w, **kwargs)
+
+        loss, stats = part(0.0, token_weights if weigh_surrogate else None)
+        if beta > 0:
+            kl_weights = token_weights if weigh_kl else None
+            with_kl, stats = part(beta, kl_weights)
+            loss = loss + with_kl - part(0.0, kl_weights)[0]
+        return loss, stats
+
+    monkeypatch.setattr(trainer, "policy_loss", wrong)
+
+
+def kl_term_without_engine_weight(monkeypatch) -> None:
+    """The engine weight on the surrogate only, the KL term unweighted (as TRL and verl apply theirs)."""
+    _split_policy_loss(monkeypatch, weigh_surrogate=True, weigh_kl=False)
+
+
+def engine_weight_on_kl_term_only(monkeypatch) -> None:
+    """The engine weight on the KL term only, the surrogate unweighted."""
+    _split_policy_loss(monkeypatch, weigh_surrogate=False, weigh_kl=True)
+
+
+def keep_weight_in_advantages(monkeypatch) -> None:
+    """The keep weight folded into the advantages (as an integration that can only scale A does) instead of
+    multiplying the completion's whole loss: the KL term keeps its engine weight but loses the keep weight."""
+    import dataclasses
+
+    from dppo_core import trainer
+
+    real = trainer.micro_batch_loss
+
+    def wrong(config, seqs, idx, logprobs, mask, old_logprobs=None, ref_logprobs=None, engine_weights=None):
+        folded = dataclasses.replace(seqs, advantages=seqs.advantages.double() * seqs.weights,
+                                     weights=torch.ones_like(seqs.weights))
+        return real(config, folded, idx, logprobs, mask, old_logprobs, ref_logprobs, engine_weights)
+
+    monkeypatch.setattr(trainer, "micro_batch_loss", wrong)
+
+
+def engine_logprobs_of_every_rolled_out_row(monkeypatch) -> None:
+    """The engine log-probs listed over every rolled-out completion, pruned ones included, while the sequences
+    are the kept ones: after a pruned completion, a kept one is weighed with another's log-probs."""
+    from dppo_core.trainer import DPPOTrainer
+
+    real = DPPOTrainer.sequences
+
+    def wrong(batch, advantages, weighting, group_offset=0):
+        seqs = real(batch, advantages, weighting, group_offset)
+        every = [c.logprobs for g in batch.groups for c in g.completions if c.token_ids]
+        seqs.engine_logprobs = every[: len(seqs)]
+        return seqs
+
+    monkeypatch.setattr(DPPOTrainer, "sequences", staticmethod(wrong))
+
+
+def engine_weight_first_micro_batch_only(monkeypatch) -> None:
+    """Only the micro-batch holding the step's first sequence weighted; the others get weight 1."""
+    from dppo_core import logprobs, trainer
+
+    def wrong(config, level, seqs, idx, old_logprobs, mask):
+        w, logged = logprobs.engine_weights(config, level, seqs, idx, old_logprobs, mask)
+        return (w if 0 in list(idx) else torch.ones_like(w)), logged
+
+    monkeypatch.setattr(trainer, "engine_weights", wrong)
+
+
+def engine_logprobs_by_row(monkeypatch) -> None:
+    """The engine log-probs of micro-batch k read by its row number, not its sequences' indices (right for the
+    first micro-batch only)."""
+    from dppo_core import logprobs, trainer
+
+    def wrong(config, level, seqs, idx, old_logprobs, mask):
+        return logprobs.engine_weights(config, level, seqs, range(len(idx)), old_logprobs, mask)
+
+    monkeypatch.setattr(trainer, "engine_weights", wrong)
+
+
+def self_normalised_engine_weight(monkeypatch) -> None:
+    """The engine weights divided by their mean over the micro-batch's tokens (self-normalised importance
+    sampling, a common variance cut): biased, and with one sequence per micro-batch no correction at all."""
+    from dppo_core import logprobs, trainer
+
+    def wrong(config, level, seqs, idx, old_logprobs, mask):
+        w, logged = logprobs.engine_weights(config, level, seqs, idx, old_logprobs, mask)
+        m = mask.bool()
+        return torch.where(m, w / w[m].mean(), w), logged
+
+    monkeypatch.setattr(trainer, "engine_weights", wrong)
+
+
+ENGINE_MUTANTS = (inverted_engine_weight, kl_term_without_engine_weight, engine_weight_on_kl_term_only,
+                  keep_weight_in_advantages, engine_logprobs_of_every_rolled_out_row,
+                  engine_weight_first_micro_batch_only, engine_logprobs_by_row, self_normalised_engine_weight)
+
+
+# === Issue #52: the ceiling of pruning, the group log, keep probabilities fed rewards outside [0, 1] ==============
+# tests/unit/test_ceiling.py and tests/unit/test_pruning.py. Each mutant (but ``lower_committed_ceiling``, a data
+# mutant) is the real function with one line made wrong: ``LineMutant`` copies the function's source, swaps that line
+# (which must occur exactly once, so a mutant whose line the code no longer has fails loudly instead of testing
+# nothing), and ``install(monkeypatch)`` puts the copy in place of the real one, as a module attribute (or a class's
+# method). Callers must reach the function through its module (``ceiling.oracle_ceiling``), as the package itself does.
+# ``CEILING_MUTANTS``, ``GROUPLOG_MUTANTS`` and ``REWARD_RANGE_MUTANTS`` name, for each mutant, the new check that
+# must catch it.
+
+
+class LineMutant:
+    """``owner.function`` (in module ``module``; ``owner`` a class name or None) with ``old`` replaced by ``new``."""
+
+    def __init__(self, name: str, module: str, function: str, old: str, new: str, doc: str, owner: str | None = None):
+        self.__name__, self.__doc__, self.module, self.function = name, doc, module, function
+        self.old, self.new, self.owner = old, new, owner
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def _target(self):
+        import importlib
+
+        mod = importlib.import_module(self.module)
+        return mod, (mod if self.owner is None else getattr(mod, self.owner))
+
+    def build(self):
+        import inspect
+        import textwrap
+
+        mod, target = self._target()
+        source = textwrap.dedent(inspect.getsource(getattr(target, self.function)))
+        if source.count(self.old) != 1:
+            raise AssertionError(f"mutant {self.__name__}: {self.old!r} occurs {source.count(self.old)} times in "
+                                 f"{self.module}.{self.function}, not once: update the mutant to the code")
+        namespace = dict(vars(mod))  # the module's globals, copied: the real module is left as it is
+        exec(compile(source.replace(self.old, self.new), f"<mutant {self.__name__}>", "exec"), namespace)
+        return namespace[self.function]
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(self._target()[1], self.function, self.build())
+
+
+_CEILING = "dppo_core.tools.bench.ceiling"
+_PRUNING = "dppo_core.pruning"
+_POSTERIOR = "dppo_core.posterior"
+
+#: mutant -> the check of tests/unit/test_ceiling.py that must catch it
+CEILING_MUTANTS = {
+    LineMutant("all_equal_groups_informative", _CEILING, "informative_tokens", "if informative(r)", "if len(r)",
+               "Every group's tokens counted as informative, all-equal groups too."): "synthetic",
+    LineMutant("method_step_costs", _CEILING, "oracle_ceiling", 'm["time_update"] for m in base]))',
+               'm["time_update"] for m in steps]))',
+               "The oracle's per-step bookkeeping (reward, pack, gaps) taken from the method's steps."): "synthetic",
+    LineMutant("empty_steps_pay_fixed_costs", _CEILING, "oracle_ceiling", " if n else 0.0) + other", ") + other",
+               "A step without an informative group still pays the rollout's and update's fixed costs."): "synthetic",
+    LineMutant("mean_baseline_step", _CEILING, "oracle_ceiling", 'base_steps = [m["step_time"] for m in base]',
+               'base_steps = [sum(m["step_time"] for m in base) / len(base)] * len(base)',
+               "Every baseline step taken to cost the baseline's mean step time (not its own) when finding the "
+               "steps done by the time to a target."): "synthetic",
+    LineMutant("step_in_progress_counted_whole", _CEILING, "_ratio_until",
+               "oracle += o * (t - spent) / b if b > 0 else 0.0", "oracle += o",
+               "The baseline step in progress at the time to a target counted whole for the oracle."): "synthetic",
+    LineMutant("oracle_one_step_late", _CEILING, "_ratio_until", "zip(base_steps, oracle_steps, strict=True)",
+               "zip(base_steps, [*oracle_steps[1:], 0.0], strict=True)",
+               "Off by one: baseline step s paired with the oracle's step s + 1 up to the time to a target."):
+        "synthetic",
+    LineMutant("n_counts_every_seed", _CEILING, "ceilings", '"n": len(values)', '"n": len(per_seed)',
+               "A target's seed count includes the seeds whose baseline never reached it."): "synthetic",
+    LineMutant("r2_threshold_lowered", _CEILING, "rollout_fit", 'if fit["r2"] >= MIN_R2:', 'if fit["r2"] >= 0.15:',
+               "The decode-aware rollout model taken down to R² 0.15: on the committed runs it lowers a seed's "
+               "ceiling (cpu-batch8's seed 1, R² 0.19, loses its proportional fallback); the synthetic runs' fits "
+               "have R² 1."): "committed",
+}
+
+
+def lower_committed_ceiling(bench: dict) -> dict:
+    """A data mutant: a copy of a committed bench.json with the first seed's whole-run ceiling 5% lower."""
+    import copy
+
+    out = copy.deepcopy(bench)
+    c = out["ceiling"]["grpo_skip"]["dppo"]
+    c["per_seed"][0] *= 0.95
+    c["seeds"][0]["speedup"] *= 0.95
+    return out
+
+
+#: mutant -> the check of tests/unit/test_ceiling.py that must catch it
+GROUPLOG_MUTANTS = {
+    LineMutant("rewards_rounded_to_integers", "dppo_core.grouplog", "_number",
+               'float(f"{x:.6g}")', "round(x)",
+               "A non-integral reward (3.7, 0.6) logged rounded to an integer."): "round_trip",
+    LineMutant("all_equal_is_informative", "dppo_core.grouplog", "informative", "len(set(rewards)) > 1",
+               "len(set(rewards)) >= 1", "Every group informative, all-equal groups too."): "round_trip",
+}
+
+#: mutant -> the check of tests/unit/test_pruning.py that must catch it
+REWARD_RANGE_MUTANTS = {
+    LineMutant("positive_advantages_only", _PRUNING, "completion_keep_probs",
+               "out[q] = keep_probs_from_scores(adv[q].abs(), rate",
+               "out[q] = keep_probs_from_scores(adv[q].clamp(min=0), rate",
+               "Completion scores clamped at 0 instead of |A|: below-mean rewards (negative A) sit on the floor."):
+        "completions",
+    LineMutant("probabilities_not_capped_at_one", _PRUNING, "fit_budget", "np.clip(c * s, min_prob, 1))",
+               "np.clip(c * s, min_prob, None))",
+               "Keep probabilities ∝ score floored but not capped at 1: an outlying reward (3.7 among 0s) gets "
+               "p > 1."): "completions",
+    LineMutant("posterior_unchecked", _POSTERIOR, "posterior_scores", "check_pass_rates(pid, rec)", "pass",
+               "The posterior reads rewards outside [0, 1] silently (their evidence clipped into [0, 1])."):
+        "posterior_refuses",
+    LineMutant("pass_fail_only", _POSTERIOR, "check_pass_rates", "v <= m * (1 - m) + tol",
+               "abs(v - m * (1 - m)) <= tol",
+               "Only pass/fail rewards accepted: fractional rewards in [0, 1] refused."): "posterior_accepts",
+    LineMutant("history_scored_by_mean_reward", "dppo_core.history", "score", "return rec.mean_abs_advantage",
+               "return min(1.0, max(0.0, rec.mean_reward))",
+               "A prompt scored by its last mean reward clipped into [0, 1] instead of its mean |A|.",
+               owner="PromptHistory"): "prompts",
+}
+
+
+# --- DPPOGRPOTrainer (dppo_core.integrations.trl) under several processes: tests/system/test_trl_multiprocess.py ---
+def trl_mutants() -> dict[str, type]:
+    """Wrong versions of :class:`~dppo_core.integrations.trl.DPPOGRPOTrainer`, by name (imports TRL)."""
+    from dppo_core.integrations.trl import DPPOGRPOTrainer
+
+    class NoFillerWhenEmpty(DPPOGRPOTrainer):
+        """No weight-0 row when a generation batch keeps nothing on any process (the bug of ed478c6): that
+        micro-batch never runs the model, so at the end of a window DDP never reduces the gradients."""
+
+        def _prepare_inputs(self, generation_batch):
+            inputs = super()._prepare_inputs(generation_batch)
+            if self.model.training and not sum(self._process_rows):
+                return {k: v[:0] if isinstance(v, list) or getattr(v, "ndim", 0) > 0 else v for k, v in inputs.items()}
+            return inputs
+
+    return {"no-filler-when-empty": NoFillerWhenEmpty}

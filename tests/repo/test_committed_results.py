@@ -1,0 +1,158 @@
+"""The committed results say what the documentation (README.md, docs/training.md, docs/benchmarks.md) says they say.
+
+These tests read files under benchmarks/results (no model, no training): the learning curves of the
+tiny-grpo preset over three seeds must show what the project promises of its embedded setting (see
+benchmarks/grpo_tiny.py for the command that makes them), and be made with the preset as it is now.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dppo_core.config import DPPOConfig, preset
+
+CURVES = Path(__file__).resolve().parents[2] / "benchmarks/results/tiny-grpo/curves-kl-0.04"
+SEEDS = (0, 1, 2)
+#: What a curve run overrides on top of the preset (benchmarks/grpo_tiny.py: CURVE_OVERRIDES and --set).
+RUN_FIELDS = {"seed", "output_dir", "eval_steps", "eval_levels"}
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module", params=SEEDS, ids=[f"seed-{s}" for s in SEEDS])
+def run(request):
+    d = CURVES / f"seed-{request.param}"
+    return {"config": json.loads((d / "config.json").read_text()), "evals": _read_jsonl(d / "eval.jsonl"),
+            "metrics": _read_jsonl(d / "metrics.jsonl"), "seed": request.param}
+
+
+def test_each_seed_ran_the_preset_as_it_is_now(run):
+    current = json.loads(json.dumps(preset("tiny-grpo").to_dict()))  # tuples as JSON lists
+    # a field added since the run takes its default there: the run behaved as the default does
+    defaults = json.loads(json.dumps(DPPOConfig().to_dict()))
+    differ = {k for k in current if run["config"].get(k, defaults[k]) != current[k]}
+    assert differ <= RUN_FIELDS, f"rerun the curves: the preset changed in {sorted(differ - RUN_FIELDS)}"
+    assert run["config"]["seed"] == run["seed"]
+    assert run["config"]["eval_levels"] == [1, 2, 3, 4, 5]  # the untrained level 1 is watched too
+
+
+def test_grpo_lifts_sampled_accuracy_by_15_points_within_10_minutes(run):
+    first, last = run["evals"][0], run["evals"][-1]
+    assert first["step"] == 0 and last["step"] == run["config"]["max_steps"]
+    train_s = sum(m["step_time"] for m in run["metrics"])
+    assert train_s <= 600, f"{train_s / 60:.1f} min of training"
+    gain = last["sampled_accuracy"] - first["sampled_accuracy"]  # over the trained levels, 2-5
+    assert gain >= 0.15, f"+{100 * gain:.1f} points"
+
+
+def test_no_level_loses_more_greedy_accuracy_than_its_standard_error(run):
+    first, last = run["evals"][0], run["evals"][-1]
+    for level in (1, 2, 3, 4, 5):
+        drop = first[f"greedy_L{level}"] - last[f"greedy_L{level}"]
+        assert drop <= first[f"greedy_L{level}_stderr"], f"level {level}: greedy accuracy fell by {drop:.3f}"
+
+
+def test_the_zero_signal_share_at_the_start_of_rl_is_logged(run):
+    share = run["metrics"][0]["zero_std_groups"]
+    assert 0 < share < 1  # some groups all right or all wrong, most with signal: what prompt pruning works with
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_every_committed_result_says_what_made_it():
+    """benchmarks/README.md ("Where each result came from") names every entry of benchmarks/results with its
+    command, commit, machine and warm start; the archive has a README of its own."""
+    table = (ROOT / "benchmarks" / "README.md").read_text().split("## Where each result came from", 1)[1]
+    for entry in sorted(RESULTS.iterdir()):
+        name = entry.stem.split(".")[0] if entry.is_file() else entry.name
+        assert f"`results/{name}" in table, f"benchmarks/README.md does not say what made results/{entry.name}"
+    assert (RESULTS / "archive" / "README.md").is_file()
+
+
+#: The benches README.md's Results section quotes: the equal-tuning comparisons (each method at its own tuned batch,
+#: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
+#: the pool shaped like real data.
+HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic")
+
+
+def test_the_readme_headline_is_the_committed_equal_tuning_tables():
+    """Every speedup with an interval in README.md's Results section is in one of docs/benchmarks.md's marked tables
+    of HEADLINE_BENCHES, which test_bench.py keeps equal to their bench.json; each bench's command and the figure
+    named."""
+    readme = (ROOT / "README.md").read_text()
+    results = " ".join(readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0].split())
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    tables = [docs.split(f"<!-- bench:{n}:start -->")[1].split(f"<!-- bench:{n}:end -->")[0] for n in HEADLINE_BENCHES]
+    quoted = re.findall(r"\d+\.\d+x \[\d+\.\d+, \d+\.\d+\]", results)
+    assert len(quoted) >= 2, results
+    assert [q for q in quoted if not any(q in t for t in tables)] == [], \
+        "README.md quotes figures the committed tables do not hold"
+    for name in HEADLINE_BENCHES[:2]:
+        command = json.loads((RESULTS / name / "bench.json").read_text())["command"]
+        assert f"`{command}`" in results, f"README.md's Results section does not give {name}'s command"
+    assert "](benchmarks/results/cpu-own-best/accuracy_vs_time.png)" in results
+
+
+def test_links_to_files_in_the_documentation_resolve():
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "notebooks" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.rglob("*.md"))]
+    broken = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            if not (doc.parent / target.split("#", 1)[0]).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def _rollout_throughput_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/rollout_throughput.py"
+    spec = importlib.util.spec_from_file_location("rollout_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rollout_cost_model_recovers_a_known_fixed_cost():
+    script = _rollout_throughput_script()
+    fixed, per_token = 2e-3, 50e-6
+
+    def row(spread, batch, steps, tokens):
+        runs = [{"max_length": steps, "tokens": tokens + k, "seconds": fixed * steps + per_token * (tokens + k)}
+                for k in (0, 7)]
+        return {"engine": "e", "spread": spread, "batch_size": batch, "runs": runs}
+
+    results = [row("a", 32, 60, 900), row("a", 256, 63, 7000), row("b", 32, 64, 1870), row("b", 256, 64, 14900)]
+    m = script.cost_model(results)["e"]
+    assert m["fixed_s_per_step"] == pytest.approx(fixed, rel=1e-4)
+    assert m["s_per_token"] == pytest.approx(per_token, rel=1e-4)
+    # at the allowed fixed cost the extreme cells of spread "a" are exactly 15% apart
+    f = m["fixed_s_per_step_for_1_15"]["a"]
+    spt = [60 / 903.5, 63 / 7003.5]
+    assert (per_token + f * max(spt)) / (per_token + f * min(spt)) == pytest.approx(1.15, rel=1e-3)
+    # cells whose steps per token differ by less than 15%: any fixed cost would do
+    assert script.cost_model([row("c", 32, 60, 900), row("c", 64, 61, 910)])["e"]["fixed_s_per_step_for_1_15"] == {
+        "c": None}
+
+
+def test_the_committed_rollout_cost_model_is_computed_from_its_runs():
+    committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/rollout_throughput.json")
+                           .read_text())
+    recomputed = _rollout_throughput_script().cost_model(committed["results"])
+    assert committed["cost_model"].keys() == recomputed.keys()
+    for engine, model in committed["cost_model"].items():  # rounded least squares: equal up to the last digit
+        assert model["fixed_s_per_step"] == pytest.approx(recomputed[engine]["fixed_s_per_step"], rel=1e-4)
+        assert model["s_per_token"] == pytest.approx(recomputed[engine]["s_per_token"], rel=1e-4)
+        assert model["fixed_s_per_step_for_1_15"] == pytest.approx(recomputed[engine]["fixed_s_per_step_for_1_15"],
+                                                                   rel=1e-3)

@@ -1,0 +1,163 @@
+"""The baselines practitioners run instead of DPPO's prompt stage (dppo_core.tools.bench.baselines), on the small
+test model with a reward whose all-equal groups are known in advance: DAPO's dynamic sampling, it with GRESO's skip,
+and an offline filter of the pool."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+import torch
+from run_helpers import run_config
+
+from dppo_core.data import prompt_key
+from dppo_core.grouplog import read_groups
+from dppo_core.tools.bench.baselines import MAX_ROUNDS, DynamicSampling, OfflineFilter, trainer_mixins
+
+
+def constant(row_id: str) -> bool:
+    return zlib.crc32(row_id.encode()) % 2 == 0
+
+
+def constant_for_half(prompts, completions, id, **columns):  # noqa: A002 (the task's column is named id)
+    """1 for every completion of the prompts whose id hashes even (their groups are always all equal); the parity
+    of the completion's length for the others (mixed groups, mostly)."""
+    return [1.0 if constant(i) else float(len(c) % 2 == 0) for i, c in zip(id, completions, strict=True)]
+
+
+def always_one(prompts, completions, **columns):
+    return [1.0] * len(completions)
+
+
+def _config(model_dir, out, **kw):
+    return run_config(model_dir, out, **(dict(max_completion_length=10, save_steps=0, eval_steps=0,
+                                              eval_problems_per_level=2, train_pool_size=16, beta=0.0,
+                                              pruning="dppo", drop_zero_advantage=True) | kw))
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _all_equal(row) -> bool:
+    return len(set(row)) == 1
+
+
+class SpyDynamicSampling(DynamicSampling):
+    """Records the rewards of the groups each step trains on."""
+
+    def weigh(self, selection, rewards, lengths, step, **kwargs):
+        self.trained = [*getattr(self, "trained", []), rewards.clone()]
+        return super().weigh(selection, rewards, lengths, step, **kwargs)
+
+
+def test_dynamic_sampling_trains_only_mixed_groups_and_logs_every_group_it_rolled_out(small_model_dir, tmp_path):
+    trainer = SpyDynamicSampling(_config(small_model_dir, tmp_path, max_steps=3), reward_funcs=[constant_for_half],
+                                 progress=False)
+    trainer.train()
+    steps = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
+    groups = read_groups(tmp_path)
+    assert len(steps) == len(groups) == 3
+    for m, g, trained in zip(steps, groups, trainer.trained, strict=True):
+        mixed = sum(not _all_equal(r) for r in g["rewards"])
+        assert len(g["ids"]) == m["prompts_rolled_out"] == m["completions_rolled_out"] // 4
+        assert sum(map(sum, g["lengths"])) == m["tokens_generated"] and g["window"] == m["prompts_candidates"]
+        assert g["window"] >= len(g["ids"]) and all(p == 1.0 for p in g["pi"])
+        # the first (at most) prompts_per_step mixed groups train; every other rolled-out group was dropped
+        assert trained.shape[0] == min(4, mixed) and all(not _all_equal(r.tolist()) for r in trained)
+        assert m["ds_dropped_groups"] == len(g["ids"]) - trained.shape[0]
+        assert m["zero_std_groups"] == pytest.approx(sum(map(_all_equal, g["rewards"])) / len(g["ids"]))
+        assert 1 <= m["ds_rounds"] <= MAX_ROUNDS and (mixed >= 4 or m["ds_rounds"] == MAX_ROUNDS)
+        assert m["sequences_trained"] == 4 * trained.shape[0]
+        assert m["time_rollout"] > 0 and m["time_prune"] >= 0
+    assert any(m["ds_dropped_groups"] > 0 for m in steps), "the reward makes half the groups all equal"
+    # the dropped groups are in the history too: a prompt seen once in the last step, all-equal there, is degenerate
+    last = groups[-1]
+    for pid, rewards in zip(last["ids"], last["rewards"], strict=True):
+        if last["ids"].count(pid) == 1:
+            assert trainer.estimator.history.get(pid).degenerate == _all_equal(rewards), pid
+
+
+def test_dynamic_sampling_without_signal_stops_after_its_rounds_and_trains_nothing(small_model_dir, tmp_path):
+    trainer = DynamicSampling(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
+                              progress=False)
+    trainer.train()
+    (m,) = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
+    (g,) = read_groups(tmp_path)
+    # not a skipped step (those roll nothing out): it paid for its rollouts and trained nothing
+    assert "skipped" not in m and m["ds_no_signal"] == 1 and m["ds_rounds"] == MAX_ROUNDS and m["tokens_trained"] == 0
+    assert m["time_rollout"] > 0 and m["time_update"] == 0.0
+    assert m["ds_dropped_groups"] == len(g["ids"]) == m["prompts_rolled_out"] > 4
+    assert m["tokens_generated"] == sum(map(sum, g["lengths"])) > 0
+
+
+def test_greso_sampling_skips_prompts_last_seen_all_equal_before_each_round(small_model_dir, tmp_path):
+    config = _config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.9, train_pool_size=8,
+                     drop_zero_advantage=True)
+    trainer = DynamicSampling(config, reward_funcs=[always_one], progress=False)
+    trainer.train()
+    first, second = read_groups(tmp_path)
+    # every group comes out all equal and goes into the history at once, so later rounds and steps skip 90% of
+    # the candidates they have seen before rollout: fewer are rolled out than drawn
+    assert first["window"] >= len(first["ids"]) and second["window"] > len(second["ids"])
+    assert set(second["ids"]) <= {prompt_key(r) for r in trainer.prompts.rows}
+
+
+def test_greso_sampling_draws_its_skips_afresh_in_each_round(small_model_dir, tmp_path):
+    """Each round of a step draws its own skips (a shared draw would skip the same positions in every round)."""
+    config = _config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.5, train_pool_size=8)
+    trainer = DynamicSampling(config, reward_funcs=[always_one], progress=False)
+    window = list(trainer.prompts.rows)
+    trainer.estimator.observe([prompt_key(r) for r in window], torch.ones(len(window), 4), torch.zeros(len(window), 4),
+                              0)  # every prompt last seen all-equal: each kept with probability 0.5
+    rounds = [tuple(trainer._round_keep(window, 1, r)) for r in range(MAX_ROUNDS)]
+    assert len(set(rounds)) > 1 and rounds[0] == tuple(trainer.estimator.select([prompt_key(r) for r in window],
+                                                                                1).indices)
+
+
+def test_dynamic_sampling_refuses_weighted_prompt_pruning(small_model_dir, tmp_path):
+    trainer = DynamicSampling(_config(small_model_dir, tmp_path, prompt_prune_rate=0.5), reward_funcs=[always_one],
+                              progress=False)
+    with pytest.raises(ValueError, match="1/π"):
+        trainer.select_prompts(0)
+
+
+def test_the_offline_filter_refuses_to_resume(small_model_dir, tmp_path):
+    trainer = OfflineFilter(_config(small_model_dir, tmp_path), reward_funcs=[always_one], progress=False)
+    trainer.step = 1
+    with pytest.raises(RuntimeError, match="cannot resume"):
+        trainer.train_step()
+
+
+def test_the_offline_filter_drops_the_pools_all_equal_prompts_and_counts_its_cost(small_model_dir, tmp_path):
+    trainer = OfflineFilter(_config(small_model_dir, tmp_path), reward_funcs=[constant_for_half], progress=False)
+    pool = list(trainer.prompts.rows)
+    trainer.train()
+    lines = _lines(tmp_path / "metrics.jsonl")
+    head = lines[0]
+    assert head["event"] == "prefilter" and "step_time" not in head and head["time_prefilter"] > 0
+    assert head["pool"] == len(pool) == 16 and head["kept"] + head["dropped"] == 16
+    assert head["tokens_generated"] > 0 and not head["filter_left_nothing"]
+    always = {prompt_key(r) for r in pool if constant(r["id"])}
+    kept = {prompt_key(r) for r in trainer.prompts.rows}
+    assert always and not always & kept and kept <= {prompt_key(r) for r in pool}
+    assert head["dropped_all_correct"] >= len(always)
+    assert {pid for g in read_groups(tmp_path) for pid in g["ids"]} <= kept  # training samples the filtered pool
+    assert [m["step"] for m in lines if "step_time" in m] == [1, 2]
+
+
+def test_the_filter_that_leaves_nothing_keeps_the_pool_and_says_so(small_model_dir, tmp_path):
+    trainer = OfflineFilter(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
+                            progress=False)
+    pool = [prompt_key(r) for r in trainer.prompts.rows]
+    trainer.train()
+    head = _lines(tmp_path / "metrics.jsonl")[0]
+    assert head["filter_left_nothing"] and head["kept"] == head["pool"] == len(pool) and head["dropped"] == 16
+    assert [prompt_key(r) for r in trainer.prompts.rows] == pool
+
+
+def test_each_baseline_method_gets_its_mixin():
+    assert trainer_mixins("grpo_skip_filtered") == (OfflineFilter,)
+    assert trainer_mixins("dapo_sampling") == trainer_mixins("greso_sampling") == (DynamicSampling,)
+    assert trainer_mixins("dppo") == ()
