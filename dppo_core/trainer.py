@@ -1,4 +1,4 @@
-"""``DPPOTrainer``: the training loop, and only the loop.
+"""``DPPOTrainer``: the training step, and only the step (the loop is :meth:`dppo_core.run.Run.train`).
 
 One step (:meth:`DPPOTrainer.train_step`), as data (docs/architecture.md, "One step"):
 
@@ -194,7 +194,7 @@ class DPPOTrainer(Run):
             seed = int(np.random.SeedSequence([seed, self.dist.rank]).generate_state(1)[0]) >> 1
         sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
                                   seed=seed)
-        assert self.engine is not None, "train() starts the rollout engine (or set trainer.engine)"
+        assert self.engine is not None, "train() starts the rollout engine in start() (or set trainer.engine)"
         return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
 
     def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None

@@ -124,6 +124,10 @@ class Run:
     optimizer: torch.optim.Optimizer
     estimator: Estimator
     model_path: str
+    #: What Ctrl-C's message says to do next (the bench sets its own).
+    stop_hint: str = "continue with --resume"
+    #: Whether Ctrl-C writes a checkpoint (the bench runs a stopped run again from its start: none for it).
+    checkpoint_on_stop: bool = True
 
     def __init__(self, config: DPPOConfig, *, callbacks: Sequence[Callback] = (), progress: bool = True):
         self.config = config
@@ -143,8 +147,6 @@ class Run:
         self.last_groups: dict[str, Any] | None = None  # the last step's groups.jsonl line (dppo_core.grouplog)
         self.tensorboard: SummaryWriter | None = None
         self.stop_request = StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
-        self.stop_hint = "continue with --resume"  # what Ctrl-C's message says to do next (the bench: its own)
-        self.checkpoint_on_stop = True  # the bench runs a stopped run again from its start: no checkpoint for it
 
     # --- what a subclass says -----------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:

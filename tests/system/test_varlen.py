@@ -19,7 +19,7 @@ from dppo_core.logprobs import completion_logprobs_with_grad
 from dppo_core.packing import PackSequence, pack, packed_completion_logprobs, varlen_boundaries
 from dppo_core.policy import attention_kernel
 from dppo_core.shapes import build_shaped_model
-from dppo_core.tools.gpu_check import FP32, boundary_crossing, packing_case, random_sequences
+from dppo_core.tools.gpu_check_layouts import FP32, boundary_crossing, packing_case, random_sequences
 
 # `numerics` per test (run under the Makefile's second kernel setting too): those whose outcome can depend on a
 # floating-point kernel; the others (integer boundaries and refusals) cannot.

@@ -27,7 +27,7 @@ def _max_diff(a, b):
 
 def test_full_sync_reaches_a_tied_lm_head(cache_dir):
     from dppo_core.shapes import build_shaped_model
-    from dppo_core.tools.gpu_check import _perturb
+    from dppo_core.tools.gpu_check_rollouts import perturb
 
     tied_dir = build_shaped_model("tiny", cache_dir, dtype="float32")
     model, tok = load_model(tied_dir)
@@ -38,7 +38,7 @@ def test_full_sync_reaches_a_tied_lm_head(cache_dir):
         prompts = [p.messages() for p in ArithmeticTask().test_set(1)[:4]]
         batch = e.generate(prompts, 2, SamplingConfig(max_tokens=12, seed=0))
         seqs = [g.prompt_ids + c.token_ids for g in batch.groups for c in g.completions]
-        _perturb(model, scale=0.02)
+        perturb(model, scale=0.02)
         assert model.lm_head.weight is model.model.embed_tokens.weight
         assert _max_diff(e.score(seqs), HFRollout(model, tok).score(seqs)) > 1e-2  # stale before the sync
         e.sync(model)

@@ -51,13 +51,15 @@ Departures of the TRL peers (``trl_grpo``, ``trl_dppo``; :func:`trl_grpo_args`) 
 The package: :mod:`~dppo_core.tools.bench.presets` (methods, presets, configurations), :mod:`~dppo_core.tools.bench.run`
 (running the bench), :mod:`~dppo_core.tools.bench.peers` and :mod:`~dppo_core.tools.bench.trl_runner` (the TRL
 peers), :mod:`~dppo_core.tools.bench.summary` (pure functions of the logs), :mod:`~dppo_core.tools.bench.report`
-(``bench.json``, tables, plots). Every public name is importable from ``dppo_core.tools.bench``.
+(``bench.json``), :mod:`~dppo_core.tools.bench.tables` (the printed, Markdown and README tables) and
+:mod:`~dppo_core.tools.bench.plots` (the plots). Every public name is importable from ``dppo_core.tools.bench``.
 """
 
 from __future__ import annotations
 
 from dppo_core.tools.bench.evals import bench_evaluation
 from dppo_core.tools.bench.peers import TRL_INSTALL_HINT, TRL_PEERS, TRLPeer, require_trl, trl_grpo_args
+from dppo_core.tools.bench.plots import plot_bench
 from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
     CPU_BENCH_METHODS,
@@ -86,16 +88,10 @@ from dppo_core.tools.bench.presets import (
 )
 from dppo_core.tools.bench.report import (
     NOTES,
-    README_MARKERS,
     committed_result,
     describe_machine,
-    format_levels,
-    format_markdown,
-    format_table,
     machine_load,
-    plot_bench,
     summarize_bench,
-    update_readme,
     write_bench,
 )
 from dppo_core.tools.bench.run import build_configs, interleaved, run_bench, run_method, run_ours
@@ -111,6 +107,13 @@ from dppo_core.tools.bench.summary import (
     time_to_target,
     token_cost_bound,
     token_costs,
+)
+from dppo_core.tools.bench.tables import (
+    README_MARKERS,
+    format_levels,
+    format_markdown,
+    format_table,
+    update_readme,
 )
 
 __all__ = [

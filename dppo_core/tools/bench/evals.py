@@ -7,7 +7,7 @@ from typing import Any
 
 from dppo_core.config import DPPOConfig
 from dppo_core.tools.bench.presets import BenchError, BenchPreset
-from dppo_core.tools.bench.report import fmt
+from dppo_core.tools.bench.tables import fmt
 
 
 def bench_evaluation(config: DPPOConfig, engine: Any, step: int, preset: BenchPreset) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The bench's report: ``bench.json`` from the runs, the table, the README table, the plots.
+"""The bench's report: ``bench.json`` from the runs (then the plots, :mod:`~dppo_core.tools.bench.plots`), and
+whether its times can be trusted (:func:`timing_notes`). The tables that print it are in
+:mod:`~dppo_core.tools.bench.tables`.
 
 Also :func:`describe_machine` (recorded with every run) and :func:`committed_result` (a committed
 result file, from the checkout or from the snapshot the package ships).
@@ -16,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from dppo_core.tools.bench.ceiling import ceilings
+from dppo_core.tools.bench.plots import plot_bench
 from dppo_core.tools.bench.presets import (
     BENCH_PRESETS,
-    METHODS,
-    PHASES,
     REFERENCE_METHODS,
     TARGET_FRACTION,
     BenchError,
@@ -35,7 +36,6 @@ from dppo_core.tools.bench.summary import (
     paired_speedups,
     read_jsonl,
     speedups_vs,
-    subset_scores,
     summarize_run,
     time_to_target,
 )
@@ -272,264 +272,6 @@ def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequen
     (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
     plot_bench(result, output_dir)
     return result
-
-
-# --------------------------------------------------------------------------------------------------
-# Report: table and plots
-# --------------------------------------------------------------------------------------------------
-
-
-def format_duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
-def format_table(result: Mapping[str, Any], load: tuple[float, int] | None = None) -> str:
-    """The results as a fixed-width table: one row per method, then what it means, and :func:`timing_notes`
-    (``load``: :func:`machine_load` as the runs started) when its times cannot be trusted. With one seed the
-    final accuracy has no spread over seeds: ``n/a``, not ``± 0.000``."""
-    w = max(9, *(len(name) for name in result["methods"]))
-    ref = result.get("reference", "grpo")
-    head = (f"{'method':<{w}} {'steps':>5} {'acc before':>10} {'acc after':>15} {'to target':>9} {'step s':>7} "
-            f"{'x step':>6} {'x wall':>6} {'x target':>8} {'bound':>6} {'of bound':>8} {'generated':>10} "
-            f"{'trained':>10} {'density':>7}")
-    lines = [head]
-    for name, m in result["methods"].items():
-        acc = m["accuracy"]
-        sp = result[f"speedup_vs_{ref}"][name]
-        tokens = m["tokens"]
-        after = f"{fmt(acc['after'])} ± " + (fmt(acc['after_std']) if len(result["seeds"]) > 1 else "n/a")
-        ttt = fmt(m["time_to_target_s"] / 60 if m["time_to_target_s"] is not None else None, ".1f", " min")
-        lines.append(
-            f"{name:<{w}} {m['steps']:>5} {fmt(acc['before']):>10} {after:>15} {ttt:>9} "
-            f"{m['step_time_s']['median']:>7.2f} {fmt(sp['step_time'], '.2f'):>6} {fmt(sp['wall'], '.2f'):>6} "
-            f"{fmt(sp['time_to_target'], '.2f'):>8} {fmt(result['token_cost_bound'][name], '.2f'):>6} "
-            f"{fmt(result['fraction_of_bound'][name], '.2f'):>8} {tokens['generated']:>10,} {tokens['trained']:>10,} "
-            f"{tokens['trained'] / max(1, tokens['row_capacity']):>7.2f}")
-    seeds = result["seeds"]
-    lines.append(f"\nsampled accuracy (T=1) on held-out problems, mean over the trained levels, {len(seeds)} seed(s) "
-                 f"{seeds}; target {result['target_accuracy']:.3f} ({TARGET_FRACTION:.0%} of {ref}'s final); "
-                 "times are training time (sum of step times)")
-    lines.append(f"x step / x wall / x target: speedup over {ref} in median step time, training time and time to "
-                 "target; bound: the speedup the token counts predict; of bound: x wall / bound"
-                 + ("; ± n/a: one seed, so no spread over seeds" if len(seeds) == 1 else ""))
-    notes = timing_notes(result, load)
-    return "\n".join(lines + ([""] + notes if notes else []))
-
-
-#: Markers around the README's results table, which :func:`update_readme` rewrites from a ``bench.json``.
-README_MARKERS = ("<!-- bench:{preset}:start -->", "<!-- bench:{preset}:end -->")
-
-
-def format_markdown(result: Mapping[str, Any], command: str | None = None) -> str:
-    """The results as a Markdown table, one row per method, with the settings and machine under it."""
-    seeds, ref = result["seeds"], result.get("reference", "grpo")
-    lines = ["| method | final accuracy (sampled) | time to target | median step "
-             "| speedup: step / training / to target "
-             "| token-cost bound | of bound | tokens generated | tokens trained | density |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, m in result["methods"].items():
-        acc, sp, tokens = m["accuracy"], result[f"speedup_vs_{ref}"][name], m["tokens"]
-        ttt = m["time_to_target_s"]
-        reached = m.get("time_to_target_reached", "")
-        ttt_text = f"{ttt / 60:.1f} min" if ttt is not None else f"not reached ({reached})"
-        spread = f" ± {acc['after_std']:.3f}" if len(seeds) > 1 else ""
-        speedups = " / ".join(fmt(sp[k], ".2f", "x") for k in ("step_time", "wall", "time_to_target"))
-        density = tokens["trained"] / max(1, tokens["row_capacity"])
-        lines.append(
-            f"| `{name}` | {fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
-            f"| {speedups} | {fmt(result['token_cost_bound'][name], '.2f', 'x')} "
-            f"| {fmt(result['fraction_of_bound'][name], '.2f')} "
-            f"| {tokens['generated']:,} | {tokens['trained']:,} | {density:.2f} |")
-    grpo = result["methods"][ref]["accuracy"]
-    fraction = result.get("target_fraction_of_grpo", TARGET_FRACTION)
-    lines += ["",
-              f"Preset `{result['preset']}`, seeds {seeds} (means over seeds"
-              + ("; ± is the standard deviation of the final accuracy over seeds" if len(seeds) > 1 else "")
-              + f"). Accuracy: held-out sampled (T=1) accuracy over the trained levels, {fmt(grpo['before'])} "
-              f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
-              f"of {ref}'s final accuracy. Times are training time (the sum of step times; evaluation excluded). "
-              f"Machine: {result['machine']}."]
-    lines += format_speedups_vs(result) + format_intervals(result)
-    if command:
-        lines += ["", f"Command: `{command}`"]
-    return "\n".join(lines)
-
-
-def _interval(entry: Mapping[str, Any] | None) -> str:
-    if not entry or entry.get("mean") is None:
-        return "–"
-    missed = f", {entry['missing']} missed" if entry.get("missing") else ""
-    if entry.get("low") is None:
-        return f"{entry['mean']:.2f}x (n={entry['n']}{missed})"
-    return f"{entry['mean']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}] (n={entry['n']}{missed})"
-
-
-def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
-    """Markdown tables of the time-to-target speedups with bootstrap intervals, per baseline (grpo, grpo_skip)."""
-    lines: list[str] = []
-    for ref, table in (result.get("speedup_vs") or {}).items():
-        fractions = sorted({f for m in table.values() for f in m["by_target"]})
-        lines += ["", f"Against `{ref}`: time to each target (a fraction of `{ref}`'s final accuracy), from each "
-                      "seed's interpolated crossing, Σ baseline time / Σ method time over the seeds where both "
-                      "reached it, 95% bootstrap interval over seeds; and the accuracy when the baseline's training "
-                      "time is spent.", "",
-                  "| method | " + " | ".join(f"to {float(f):.0%} target" for f in fractions)
-                  + f" | accuracy at `{ref}`'s time |",
-                  "|---|" + "---|" * (len(fractions) + 1)]
-        for name, m in table.items():
-            if name == ref:
-                continue
-            cells = []
-            for f in fractions:
-                e = m["by_target"][f]
-                x = "–" if e["time_to_target"] is None else f"{e['time_to_target']:.2f}x"
-                if e["ci95"]:
-                    x += f" [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
-                cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
-            acc = fmt(m["accuracy_at_equal_time"])
-            lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {acc} |")
-        lines += format_ceiling(result, ref, fractions)
-    return lines
-
-
-def format_ceiling(result: Mapping[str, Any], ref: str, fractions: Sequence[str]) -> list[str]:
-    """The ceiling of each method over ``ref`` (:mod:`~dppo_core.tools.bench.ceiling`) and the fraction reached."""
-    table = (result.get("ceiling") or {}).get(ref) or {}
-    rows = [(name, c) for name, c in table.items() if c.get("speedup")]
-    if not rows:
-        return []
-    lines = ["", f"The ceiling over `{ref}`: an oracle that rolls out only `{ref}`'s informative groups (rewards not "
-                 "all equal) and trains them as the method does, learning per step as `{ref}` does; cost model fitted "
-                 "to the runs' own phase times (dppo_core/tools/bench/ceiling.py). Per target: the ceiling up to "
-                 "`{ref}`'s time to it (mean over seeds), and the fraction of it the speedup above reached; last "
-                 "column: the ceiling over the whole run (per seed).".replace("{ref}", ref), "",
-             "| method | " + " | ".join(f"to {float(f):.0%} target: ceiling, reached" for f in fractions)
-             + " | whole run (per seed) |", "|---|" + "---|" * (len(fractions) + 1)]
-    for name, c in rows:
-        seeds = ", ".join(f"{x:.2f}" for x in c["per_seed"])
-        cells = []
-        for f in fractions:
-            t = c.get("by_target", {}).get(f, {})
-            cells.append(f"{fmt(t.get('ceiling'), '.2f', 'x')}, {fmt(t.get('fraction_reached'), '.0%')}")
-        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {c['speedup']:.2f}x ({seeds}) |")
-    lines += ["", "Rollout cost model (c0 + cL · longest completion + cT · generated tokens, fitted per seed to both "
-                  "runs' steps): " + "; ".join(f"`{name}` {_rollout_models(c)}" for name, c in rows) + "."]
-    return lines
-
-
-def _rollout_models(ceiling: Mapping[str, Any]) -> str:
-    """The rollout fits of a ceiling's seeds in words: which model, and the range of its R²."""
-    fits = [s["rollout_fit"] for s in ceiling.get("seeds", []) if "rollout_fit" in s]
-    if not fits:
-        return "not recorded"
-    r2 = [f["r2"] for f in fits]
-    proportional = sum(f.get("model") == "proportional" for f in fits)
-    said = f"R² {min(r2):.2f}-{max(r2):.2f}"
-    if proportional:
-        said += (f", the proportional fallback (time per generated token) in {proportional} of {len(fits)} seeds, "
-                 "where R² < 0.5")
-    return said
-
-
-def format_intervals(result: Mapping[str, Any]) -> list[str]:
-    """Markdown tables of the speedups paired by seed with 95% intervals, against grpo and grpo_skip (if run)."""
-    lines: list[str] = []
-    for ref, table in (result.get("speedup_intervals") or {}).items():
-        lines += ["", f"Speedup over `{ref}`, paired by seed: geometric mean, 95% t-interval on the log ratios, "
-                      "seeds with a ratio (a seed where either run missed the target has none).", "",
-                  "| method | median step | training time | time to target (interpolated crossing) |",
-                  "|---|---|---|---|"]
-        for name, m in table.items():
-            if name != ref:
-                lines.append(f"| `{name}` | {_interval(m['step_time'])} | {_interval(m['wall'])} "
-                             f"| {_interval(m['time_to_target'])} |")
-    return lines
-
-
-def update_readme(readme: str | Path, result: Mapping[str, Any], command: str | None = None,
-                  name: str | None = None) -> bool:
-    """Replace the text between the README's ``bench:NAME`` markers (``name``, default the result's preset) with
-    :func:`format_markdown`'s table.
-
-    Returns whether the file changed. The markers must be there (one pair), so a table is never appended
-    somewhere unexpected.
-    """
-    readme = Path(readme)
-    start, end = (m.format(preset=name or result["preset"]) for m in README_MARKERS)
-    text = readme.read_text()
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise BenchError(f"{readme} needs one line {start} and, after it, one line {end} around the results table")
-    head, rest = text.split(start)
-    _, tail = rest.split(end)
-    new = f"{head}{start}\n{format_markdown(result, command)}\n{end}{tail}"
-    if new != text:
-        readme.write_text(new)
-    return new != text
-
-
-def format_levels(record: Mapping[str, Any]) -> str:
-    """Per-level greedy and sampled accuracy of one evaluation record, as a small table."""
-    greedy, sampled = subset_scores(record, "greedy"), subset_scores(record, "sampled")
-    lines = [f"{'level':>8} {'greedy':>8} {'sampled':>8}"]
-    for level in sampled:
-        lines.append(f"{level:>8} {fmt(greedy.get(level)):>8} {fmt(sampled[level]):>8}")
-    lines.append(f"{'mean':>8} {fmt(record.get('greedy_accuracy')):>8} {fmt(record.get('sampled_accuracy')):>8}")
-    return "\n".join(lines)
-
-
-def plot_bench(result: Mapping[str, Any], output_dir: str | Path) -> list[Path]:
-    """``accuracy_vs_step.png``, ``accuracy_vs_time.png`` and ``phases.png`` in ``output_dir``."""
-    # Figure objects, not pyplot: nothing here touches the caller's backend or its open figures (a
-    # notebook that runs the bench keeps showing its own plots inline)
-    from matplotlib.figure import Figure
-
-    output_dir = Path(output_dir)
-    colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
-    seeds = result["seeds"]
-    written = []
-    for fname, key, scale, xlabel in (
-            ("accuracy_vs_step.png", "step", 1.0, "step"),
-            ("accuracy_vs_time.png", "train_s", 60.0, "training wall-clock (min; evaluation excluded)")):
-        fig = Figure(figsize=(6.4, 4.2))
-        ax = fig.subplots()
-        for name, m in result["methods"].items():
-            pts = [p for p in m["curve"] if p["sampled_accuracy"] is not None]
-            x = [p[key] / scale for p in pts]
-            y = [p["sampled_accuracy"] for p in pts]
-            ax.plot(x, y, marker="o", color=colors[name], label=name)
-            if len(seeds) > 1:
-                ax.fill_between(x, [a - p["sampled_std"] for a, p in zip(y, pts, strict=True)],
-                                [a + p["sampled_std"] for a, p in zip(y, pts, strict=True)],
-                                color=colors[name], alpha=0.15)
-        ax.axhline(result["target_accuracy"], color="gray", ls="--", lw=1,
-                   label=f"target ({TARGET_FRACTION:.0%} of {result.get('reference', 'grpo')})")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("held-out sampled accuracy (T=1)")
-        ax.set_title(f"dppo bench {result['preset']}: mean over seeds {seeds}" + (" (± std)" if len(seeds) > 1 else ""))
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(output_dir / fname, dpi=110)
-        written.append(output_dir / fname)
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
-    names = list(result["methods"])
-    bottom = [0.0] * len(names)
-    for i, phase in enumerate(PHASES):
-        per_step = [result["methods"][n]["phase_s"][phase] / max(1, result["methods"][n]["steps"]) for n in names]
-        ax.bar(names, per_step, bottom=bottom, label=phase, color=f"C{i}")
-        bottom = [b + v for b, v in zip(bottom, per_step, strict=True)]
-    ax.set_ylabel("seconds per step (mean over steps and seeds)")
-    ax.set_title(f"dppo bench {result['preset']}: time per phase")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output_dir / "phases.png", dpi=110)
-    written.append(output_dir / "phases.png")
-    return written
-
 
 
 def committed_result(relative_path: str, start: str | Path | None = None) -> str:

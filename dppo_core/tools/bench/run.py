@@ -28,8 +28,9 @@ from dppo_core.tools.bench.presets import (
     resolve_model_keyword,
     run_dir,
 )
-from dppo_core.tools.bench.report import describe_machine, fmt, format_duration, write_bench
+from dppo_core.tools.bench.report import describe_machine, write_bench
 from dppo_core.tools.bench.summary import read_jsonl, summarize_run
+from dppo_core.tools.bench.tables import fmt, format_duration
 
 # --------------------------------------------------------------------------------------------------
 # Running one method
