@@ -23,6 +23,7 @@ from typing import Any
 from dppo_core.config_checks import (
     ATTN_IMPLEMENTATIONS,
     COMPLETION_SCHEMES,
+    CONTINUE_SCHEMES,
     FIXED_SIZE_DESIGNS,
     LOSS_TYPES,
     LR_SCHEDULES,
@@ -41,8 +42,9 @@ from dppo_core.config_files import BASE_KEY, preset_names, preset_path, read_yam
 # The enumerations and ConfigError are defined in dppo_core.config_checks and preset_names in
 # dppo_core.config_files; they are importable from here, where the public surface lists them.
 __all__ = [
-    "ATTN_IMPLEMENTATIONS", "COMPLETION_SCHEMES", "FIXED_SIZE_DESIGNS", "LOSS_TYPES", "LR_SCHEDULES", "PROMPT_SCHEMES",
-    "PRUNING_MODES", "ROLLOUT_CORRECTIONS", "ROLLOUT_ENGINES", "SCALE_REWARDS", "SCHEMES", "UPDATE_MODES",
+    "ATTN_IMPLEMENTATIONS", "COMPLETION_SCHEMES", "CONTINUE_SCHEMES", "FIXED_SIZE_DESIGNS", "LOSS_TYPES",
+    "LR_SCHEDULES", "PROMPT_SCHEMES", "PRUNING_MODES", "ROLLOUT_CORRECTIONS", "ROLLOUT_ENGINES", "SCALE_REWARDS",
+    "SCHEMES", "UPDATE_MODES",
     "ConfigError", "DPPOConfig", "field_docs", "field_groups", "learning_rate_at", "preset", "preset_names",
     "preset_overrides",
 ]
@@ -197,6 +199,18 @@ class DPPOConfig:
     """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead. Raise it only if
     the prompt keep probabilities are so low that the window fills up before ``prompts_per_step`` are expected
     to be kept (then fewer are rolled out than asked)."""
+    pilot_size: int = 0
+    """Pilot, then continue (``pruning: dppo``): roll out this many of each kept prompt's G completions first (0: off;
+    at most G - 1). A group whose pilot rewards are not all equal gets the rest; one whose pilot is all equal gets
+    the rest with probability c_q (``continue_probability``, ``continue_scheme``) and then weight 1 / c_q, or is
+    stopped (its pilot is not trained on). Unbiased for the full-group loss and gradient at the step's parameters."""
+    continue_probability: float = 0.25
+    """c in (0, 1]: with ``pilot_size``, the probability that a group whose pilot came out all equal is continued
+    (``continue_scheme: posterior``: the least such probability)."""
+    continue_scheme: str = "constant"
+    """With ``pilot_size``: ``"constant"`` (c_q = ``continue_probability``) or ``"posterior"`` (c_q = the larger of
+    it and P(the rest makes the group informative), from a Beta prior fitted to the pool, the prompt's history and
+    its pilot: prompts whose history is mixed are continued, those all equal before and now mostly stopped)."""
     history_max_age: int | None = None
     """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never. The
     ``posterior`` scheme discounts old evidence already (``posterior_half_life``); set this with the ``paper`` or

@@ -22,6 +22,7 @@ SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.gr
 SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
 PROMPT_SCHEMES = (*SCHEMES, "posterior", "fitted")  # prompt_scheme: posterior scores every prompt by its whole history
 COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
+CONTINUE_SCHEMES = ("constant", "posterior")  # continue_scheme: dppo_core.posterior.continue_probs
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
 LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.config.learning_rate_at
 
@@ -103,6 +104,21 @@ def _check_pruning(c: Any) -> None:
     need(not (dppo_prunes_prompts and c.scale_rewards == "batch"), "scale_rewards",
          "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would be "
          "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
+    need(0 <= c.pilot_size < c.num_generations, "pilot_size",
+         f"the pilot is part of each group of num_generations={c.num_generations}: use 0 (off) up to "
+         f"{c.num_generations - 1}, e.g. 2")
+    need(c.pilot_size == 0 or c.pruning == "dppo", "pilot_size",
+         f"a pilot weighs continued all-equal groups 1 / c, which only pruning: dppo does (not {c.pruning!r}); set "
+         "pruning: dppo (rates 0 prune nothing else) or pilot_size: 0")
+    need(0 < c.continue_probability <= 1, "continue_probability",
+         "must be in (0, 1] (0 would stop every all-equal pilot and bias the estimate), e.g. 0.25")
+    need(c.continue_scheme in CONTINUE_SCHEMES, "continue_scheme", f"choose one of {', '.join(CONTINUE_SCHEMES)}")
+    need(not (c.pilot_size and c.loss_type == "dapo"), "loss_type",
+         "dapo divides by the rolled-out completions' tokens, which the pilot's stops change; use dr_grpo or grpo, "
+         "or pilot_size: 0")
+    need(not (c.pilot_size and c.scale_rewards == "batch"), "scale_rewards",
+         "a batch-wide reward std over the continued groups depends on which were continued; use scale_rewards: "
+         "group (or none), or pilot_size: 0")
     need(c.pruning != "cppo" or c.prompt_prune_rate == 0, "prompt_prune_rate",
          "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
     need(c.pruning != "pods" or c.prompt_prune_rate == 0, "prompt_prune_rate",

@@ -104,6 +104,23 @@ def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[
     return torch.cat([r[0] for r in ranks]), [n for r in ranks for n in r[1]], means
 
 
+def job_layout_stats(stats: dict[str, float], layout: dict[str, float], info: DistInfo) -> dict[str, float]:
+    """An update's layout statistics for the whole job: the per-rank ``stats`` and ``layout`` summed over ranks
+    (``grad_norm`` is the same on every rank; the largest engine log-prob difference is the largest over ranks).
+    Single process: ``layout`` as it is."""
+    if not info.enabled:
+        return layout
+    ranks = all_gather_objects({**stats, **layout}, info)
+    summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows", "update_capacity",
+                                                     "padding_avoided", "prompt_tokens_shared", "engine_weight_mean",
+                                                     "engine_weight_truncated")
+              if k in ranks[0]}
+    if "engine_logprob_diff_max" in ranks[0]:
+        summed["engine_logprob_diff_max"] = max(r["engine_logprob_diff_max"] for r in ranks)
+    real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
+    return {**layout, **summed, "update_density": real / max(1, summed["update_capacity"])}
+
+
 def all_reduce_max(value: float, info: DistInfo) -> float:
     """The largest ``value`` over ranks (e.g. "did any rank ask to stop?")."""
     if not info.enabled:

@@ -7,6 +7,9 @@ a hand-written one) can call it with plain lists and tensors; no trainer, model 
     ids = draw(est.num_candidates(k))                  # candidate prompt ids for the step (k wanted)
     sel = est.select(ids, step, size=k)                # before rollout: kept positions, keep probs, |B|
     ... roll out ids[i] for i in sel.indices (G each), reward, advantages A over whole groups ...
+    (pilot_size k > 0: roll out k each and reward them, then
+     cont = est.continue_groups(ids_rolled_out, R_pilot, step)   # which groups get the rest, and c_q
+     roll out the rest (G - k) of the groups in cont.keep; sel = cont.applied(sel): π_q c_q)
     w = est.weigh(A, sel, step)                        # after reward: keep mask, weights, normaliser C
                                                        # (pods: rewards=R, and train on w.advantages)
     loss = sum over kept (q, i) of w.weights[q, i] * l_qi(theta), divided by w.num_sequences
@@ -18,7 +21,9 @@ The estimator (the full-batch GRPO loss over the candidate window B, and what ``
     L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)          L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i})
 
 with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
-(completions, from |A|) come from :mod:`dppo_core.pruning` (the baselines' rules from
+(completions, from |A|) come from :mod:`dppo_core.pruning` (with a pilot, ``pilot_size``, π_q is multiplied by c_q,
+the probability that the group was continued after its first k completions:
+:func:`dppo_core.posterior.continue_probs`, 1 where the pilot's rewards differ) (the baselines' rules from
 :mod:`dppo_core.biased_baselines`); E[L̂(θ)] = L(θ) for every θ fixed before the draw, so the loss and its
 gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or ``dr_grpo`` normaliser (``dapo`` under
 completion pruning only) and advantages scaled per group or not at all (batch-wide only without prompt pruning);
@@ -41,7 +46,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dppo_core import biased_baselines, pruning
+from dppo_core import biased_baselines, posterior, pruning
 from dppo_core.grpo import group_advantages
 from dppo_core.history import PromptHistory
 
@@ -67,6 +72,26 @@ class Weighting:
     weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where dropped
     num_sequences: int  # the normaliser C of the grpo / dr_grpo losses: |B|·G (dppo), P·G (none, greso), kept (cppo)
     advantages: torch.Tensor | None = None  # (P, G) replaces the step's advantages where kept (pods); None: keep them
+
+
+@dataclass
+class Continuation:
+    """After a pilot: which rolled-out groups get the rest of their completions, and the probability c_q of that."""
+
+    keep: torch.Tensor  # (P,) bool
+    probs: torch.Tensor  # (P,) float64 c_q: 1 where the pilot's rewards are not all equal
+
+    @property
+    def positions(self) -> list[int]:
+        """The continued groups' positions among the rolled-out ones, ascending."""
+        return self.keep.nonzero().flatten().tolist()
+
+    def applied(self, selection: Selection) -> Selection:
+        """The continued groups as a :class:`Selection`: their window positions, with inclusion probabilities π_q c_q
+        (the weights 1 / (π_q c_q p_qi) then follow from :meth:`Estimator.weigh`), over the same window."""
+        kept = self.positions
+        return Selection([selection.indices[j] for j in kept], selection.probs[kept] * self.probs[kept],
+                         selection.window)
 
 
 def full_selection(size: int) -> Selection:
@@ -110,6 +135,12 @@ class Estimator:
     def select(self, candidate_ids: list[str], step: int, size: int | None = None) -> Selection:
         """Which candidates to roll out. ``size``: the prompts per step wanted (default: every candidate)."""
         return full_selection(len(candidate_ids) if size is None else min(size, len(candidate_ids)))
+
+    # --- after the pilot (pilot_size > 0) ---------------------------------------------------------
+    def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
+        """Which groups, given their pilot's rewards (P, k), get the rest of their completions: all of them here."""
+        n = len(prompt_ids)
+        return Continuation(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
 
     # --- after reward -----------------------------------------------------------------------------
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
@@ -185,6 +216,8 @@ class DPPOEstimator(PromptPruning):
        needs the completions' lengths: ``weigh(A, selection, step, lengths=L)`` (``needs_lengths``).
     4. ``prompt_scheme="posterior"`` scores prompts by a Beta-binomial posterior over their whole history
        (discounted with ``posterior_half_life`` steps) instead of the last group's mean |A|.
+    5. Not in the paper: a pilot (``pilot_size`` k > 0) rolls out k completions per kept prompt first; a group whose
+       pilot is all equal is continued with probability c_q (:meth:`continue_groups`) and weighted 1 / c_q.
     """
 
     name: ClassVar[str] = "dppo"
@@ -200,6 +233,9 @@ class DPPOEstimator(PromptPruning):
     posterior_half_life: float | None = 20.0  # steps after which a group's evidence counts half (None: never)
     length_exponent: float = 0.5  # γ of the ``length`` completion scheme
     completion_target_ess: float | None = None  # adapt the completion rate per step (at most the rate above)
+    pilot_size: int = 0  # k: completions rolled out per prompt before the continue draw (0: no pilot)
+    continue_probability: float = 0.25  # c: an all-equal pilot's continue probability (posterior: the least)
+    continue_scheme: str = "constant"  # or "posterior" (dppo_core.posterior.continue_probs)
 
     def __post_init__(self) -> None:
         self.history.half_life = self.posterior_half_life
@@ -223,6 +259,20 @@ class DPPOEstimator(PromptPruning):
                                          min_keep_prob=self.min_prompt_keep_prob, step=step,
                                          max_age=self.history_max_age, budget=budget, group_size=self.group_size,
                                          scale_rewards=self.scale_rewards)
+
+    def continue_probs(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> torch.Tensor:
+        """c_q of each group after its pilot (:func:`dppo_core.posterior.continue_probs`), shape (P,)."""
+        return posterior.continue_probs(pilot_rewards, self.continue_probability, self.continue_scheme,
+                                        history=self.history, prompt_ids=prompt_ids, group_size=self.group_size,
+                                        step=step, max_age=self.history_max_age)
+
+    def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
+        """Each group whose pilot is not all equal is continued; each other one with probability c_q (an independent
+        draw of (seed, step) only: resumable). Call it before the history records this step's groups."""
+        if not self.pilot_size:
+            return super().continue_groups(prompt_ids, pilot_rewards, step)
+        probs = self.continue_probs(prompt_ids, pilot_rewards, step)
+        return Continuation(pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "pilot")), probs)
 
     def completion_probs(self, advantages: torch.Tensor, lengths: torch.Tensor | None = None,
                          prompt_probs: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,9 @@ One line per step that rolled something out::
     {"step": 3, "window": 64, "ids": ["L2:3+4", ...], "pi": [0.53, ...],
      "rewards": [[1, 0, 1, 1, 0, 0, 1, 1], ...], "lengths": [[17, 22, ...], ...]}
 
+(with a pilot, ``"stopped"`` holds the groups stopped after their pilot in the same form, k rewards each; the rows
+above are the groups trained on, G each).
+
 ``step`` is the step's number as in ``metrics.jsonl`` (counted after the step), ``window`` the candidate prompts
 the step's objective is over, and per rolled-out group (in the rollout's order) its prompt id
 (:func:`dppo_core.data.prompt_key`), its inclusion probability π_q, its G rewards (integers where integral, else
@@ -33,15 +36,20 @@ def _number(x: float) -> float | int:
 
 
 def group_record(step: int, window: int, ids: Sequence[str], probs: torch.Tensor, rewards: torch.Tensor,
-                 lengths: torch.Tensor) -> dict[str, Any]:
-    """One step's line: ``rewards`` and ``lengths`` of shape (len(ids), G), ``probs`` of shape (len(ids),)."""
+                 lengths: torch.Tensor, stopped: tuple | None = None) -> dict[str, Any]:
+    """One step's line: ``rewards`` and ``lengths`` of shape (len(ids), G), ``probs`` of shape (len(ids),).
+    ``stopped`` (a pilot's): the groups stopped after their pilot, as (ids, π, rewards, lengths) of k columns, kept
+    under the line's ``"stopped"`` in the same form (``ids``, ``pi``, ``rewards``, ``lengths``)."""
     if rewards.shape != lengths.shape or rewards.shape[0] != len(ids) or len(probs) != len(ids):
         raise ValueError(f"{len(ids)} ids, {len(probs)} probabilities, rewards {tuple(rewards.shape)} and lengths "
                          f"{tuple(lengths.shape)}: one row per id, rewards and lengths of the same (P, G) shape")
-    return {"step": int(step), "window": int(window), "ids": [str(i) for i in ids],
+    line = {"step": int(step), "window": int(window), "ids": [str(i) for i in ids],
             "pi": [_number(p) for p in probs.tolist()],
             "rewards": [[_number(r) for r in row] for row in rewards.tolist()],
             "lengths": [[int(n) for n in row] for row in lengths.tolist()]}
+    if stopped is not None:
+        line["stopped"] = {k: v for k, v in group_record(step, window, *stopped).items() if k not in ("step", "window")}
+    return line
 
 
 def read_groups(path: str | Path) -> list[dict[str, Any]]:

@@ -101,3 +101,41 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
             cache[key] = math.sqrt(max(0.0, float(beta_binomial_pmf(*key, group_size) @ signal)))
         out.append(cache[key])
     return torch.tensor(out, dtype=torch.float64)
+
+
+def continue_probs(pilot_rewards: torch.Tensor, floor: float, scheme: str = "constant", *,
+                   history: PromptHistory | None = None, prompt_ids: Sequence[str] = (), group_size: int = 0,
+                   step: int | None = None, max_age: int | None = None) -> torch.Tensor:
+    """c_q: the probability that each group gets the rest of its completions after its pilot (``pilot_rewards``,
+    shape (P, k)). 1 where the pilot's rewards are not all equal (the group is informative whatever comes next); where
+    they are all equal, ``floor`` (``constant``), or (``posterior``) the larger of ``floor`` and the probability that
+    the remaining ``group_size`` - k completions are not all equal to the pilot's value, under the prompt's success
+    rate's Beta posterior: the pool's fitted prior (:meth:`PromptHistory.fitted_prior`), the prompt's discounted
+    history and its pilot. A pilot all equal at a value other than 0 or 1 (not pass/fail) gets ``floor``. Everything
+    it reads is known when the decision is drawn (the history before the step, the pilot), so weighing a continued
+    group 1 / c_q keeps the estimate unbiased. Returns float64, shape (P,)."""
+    pilot = torch.as_tensor(pilot_rewards, dtype=torch.float64)
+    equal = (pilot == pilot[:, :1]).all(dim=1) if pilot.numel() else torch.zeros(pilot.shape[0], dtype=torch.bool)
+    probs = torch.ones(pilot.shape[0], dtype=torch.float64)
+    probs[equal] = floor
+    if scheme == "constant" or not equal.any():
+        return probs
+    if history is None or len(prompt_ids) != pilot.shape[0] or group_size <= pilot.shape[1]:
+        raise ValueError("continue_probs(scheme='posterior') needs the history, one prompt id per pilot and the "
+                         f"group size G > k (got {len(prompt_ids)} ids for {pilot.shape[0]} pilots, G={group_size})")
+    a0, b0 = history.fitted_prior(group_size)
+    k, rest = pilot.shape[1], group_size - pilot.shape[1]
+    for q in equal.nonzero().flatten().tolist():
+        value, pid = float(pilot[q, 0]), prompt_ids[q]
+        if value not in (0.0, 1.0):
+            continue
+        rec = history.get(pid)
+        stale = rec is not None and max_age is not None and step is not None and step - rec.step > max_age
+        if rec is not None and not stale:
+            check_pass_rates(pid, rec)
+        s, f = (0.0, 0.0) if rec is None or stale else history.evidence(pid, step)
+        a, b = (a0 + s + k, b0 + f) if value == 1.0 else (b0 + f + k, a0 + s)  # a: the pilot's side
+        # P(every one of the rest lands on the pilot's side) = E[p^rest] under Beta(a, b)
+        log_same = math.lgamma(a + rest) + math.lgamma(a + b) - math.lgamma(a) - math.lgamma(a + b + rest)
+        probs[q] = max(floor, 1.0 - math.exp(log_same))
+    return probs

@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
+from dppo_core import pilot
 from dppo_core.config import ConfigError, DPPOConfig, learning_rate_at
 from dppo_core.data import PromptSource, build_prompt_source, check_prompt_lengths, prompt_key
-from dppo_core.distributed import all_gather_objects, all_reduce_gradients, broadcast_parameters, gather_groups, shard
-from dppo_core.estimator import Selection, Weighting, make_estimator
+from dppo_core.distributed import all_reduce_gradients, broadcast_parameters, gather_groups, job_layout_stats, shard
+from dppo_core.estimator import Continuation, Selection, Weighting, make_estimator
 from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.history import PromptHistory
@@ -84,6 +85,20 @@ class PromptSelection(Selection):
     """A :class:`~dppo_core.estimator.Selection` with the kept prompts' rows, as sent to the rollout engine."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RolledOut:
+    """What :meth:`DPPOTrainer.roll_out` hands the rest of the step: the groups to train (a pilot: the continued)."""
+
+    selection: PromptSelection  # the groups' prompts and inclusion probabilities (π_q, times c_q after a pilot)
+    offset: int  # the position of this rank's first group among every rank's
+    batch: RolloutBatch  # this rank's groups, G completions each
+    rewards: torch.Tensor  # (P, G): every rank's groups
+    lengths: list[int]  # every rank's completions' token counts, P·G in group order
+    means: dict[str, float]  # the mean of each reward function
+    stats: dict[str, Any] = field(default_factory=dict)  # with a pilot: its metrics (they replace the step's)
+    stopped: tuple | None = None  # with a pilot: the stopped groups (ids, π, pilot rewards, pilot lengths)
 
 
 class DPPOTrainer(Run):
@@ -181,8 +196,10 @@ class DPPOTrainer(Run):
             sel = self.estimator.select([prompt_key(r) for r in stream], step)
         return PromptSelection(sel.indices, sel.probs, sel.window, [stream[i] for i in sel.indices])
 
-    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], RolloutBatch]:
-        """Sample ``num_generations`` completions for each prompt of ``rows`` (default: the step's selection)."""
+    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None, n: int | None = None, call: int = 0
+                ) -> tuple[list[dict[str, Any]], RolloutBatch]:
+        """Sample ``n`` (default ``num_generations``) completions for each prompt of ``rows`` (default: the step's
+        selection). ``call``: the step's engine call (1: the rest after a pilot), each with its own random stream."""
         c = self.config
         if rows is None:
             rows = self.select_prompts(step).rows
@@ -190,18 +207,74 @@ class DPPOTrainer(Run):
             check_prompt_lengths(rows, self.tokenizer, self.context_length, c.max_completion_length,
                                  self._prompt_lengths)
         seed = (c.seed * 1_000_003 + step) % (2**31)
-        if self.dist.rank:  # each rank samples its own prompts from its own stream
-            seed = int(np.random.SeedSequence([seed, self.dist.rank]).generate_state(1)[0]) >> 1
+        if self.dist.rank or call:  # each rank samples its own prompts from its own stream, as does each call
+            entropy = [seed, self.dist.rank] + ([call] if call else [])
+            seed = int(np.random.SeedSequence(entropy).generate_state(1)[0]) >> 1
         sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
                                   seed=seed)
         assert self.engine is not None, "train() starts the rollout engine in start() (or set trainer.engine)"
-        return rows, self.engine.generate([r["prompt"] for r in rows], c.num_generations, sampling)
+        return rows, self.engine.generate([r["prompt"] for r in rows], n or c.num_generations, sampling)
+
+    def roll_out(self, selection: PromptSelection, timer: PhaseTimer) -> RolledOut:
+        """Roll out and reward the selection's groups, this rank its contiguous share (every rank then holds every
+        group's rewards). With ``pilot_size`` k: k completions each, the continue draw (:meth:`continue_groups`), the
+        rest of the continued groups in a second engine call, and the two joined (:mod:`dppo_core.pilot`)."""
+        c, k = self.config, self.config.pilot_size
+        mine = shard(len(selection.rows), self.dist)
+        rows = selection.rows[mine.start:mine.stop]
+        batch, rewards, lengths, means = self._generate(rows, k or c.num_generations, 0, timer)
+        if not k:
+            return RolledOut(selection, mine.start, batch, rewards, lengths, means)
+        continued, cont = self.continue_groups(selection, rewards, self.step)
+        timer.lap("prune")
+        mine_cont = [j - mine.start for j in cont.positions if j in mine]
+        rest, rest_rewards, rest_lengths, rest_means = self._generate([rows[j] for j in mine_cont],
+                                                                      c.num_generations - k, 1, timer)
+        pilot_lens = torch.tensor(lengths).view(rewards.shape)
+        joined = pilot.join(pilot_lens, torch.tensor(rest_lengths).view(rest_rewards.shape), cont.positions)
+        stopped = (~cont.keep).nonzero().flatten().tolist()
+        generated = sum(lengths) + sum(rest_lengths)  # every token generated, the stopped pilots' too
+        stats = {"pilot_groups_stopped": len(stopped), "pilot_tokens": sum(lengths), "tokens_generated": generated,
+                 "completions_rolled_out": len(lengths) + len(rest_lengths),
+                 "decode_steps": max(lengths, default=0) + max(rest_lengths, default=0)}
+        return RolledOut(continued, sum(1 for j in cont.positions if j < mine.start),
+                         pilot.join_batches(batch, rest, mine_cont), pilot.join(rewards, rest_rewards, cont.positions),
+                         joined.flatten().tolist(),
+                         pilot.join_means(means, rewards.numel(), rest_means, rest_rewards.numel()), stats,
+                         ([prompt_key(selection.rows[j]) for j in stopped], selection.probs[stopped], rewards[stopped],
+                          pilot_lens[stopped]))
+
+    def _generate(self, rows: list[dict[str, Any]], n: int, call: int, timer: PhaseTimer
+                  ) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
+        """``n`` completions for each of this rank's ``rows``, rewarded; every rank's rewards (P, n), lengths, means."""
+        batch = self.rollout(self.step, rows, n, call)[1] if rows else RolloutBatch([])
+        timer.lap("rollout")
+        means: dict[str, float] = {}
+        rewards = self.score(rows, batch, means) if rows else torch.zeros(0, n)
+        lengths = [comp.length for g in batch.groups for comp in g.completions]
+        rewards, lengths, means = gather_groups(rewards, lengths, means, self.dist)
+        timer.lap("reward")
+        return batch, rewards, lengths, means
+
+    def continue_groups(self, selection: PromptSelection, pilot_rewards: torch.Tensor, step: int,
+                        observe: bool = True) -> tuple[PromptSelection, Continuation]:
+        """After the pilot (rewards (P, k) of the selection's groups): the estimator's continue draw, and the
+        continued groups as a selection whose probabilities are π_q c_q. ``observe``: the stopped groups' pilots go
+        into the history (after the draw, which reads the history as it was before the step)."""
+        ids = [prompt_key(r) for r in selection.rows]
+        cont = self.estimator.continue_groups(ids, pilot_rewards, step)
+        stopped = (~cont.keep).nonzero().flatten().tolist()
+        if observe and stopped:
+            r = pilot_rewards[stopped]
+            self.estimator.observe([ids[j] for j in stopped], r, group_advantages(r, self.config.scale_rewards), step)
+        sel = cont.applied(selection)
+        return PromptSelection(sel.indices, sel.probs, sel.window, [selection.rows[j] for j in cont.positions]), cont
 
     def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None
               ) -> torch.Tensor:
-        """Rewards of shape (P, G): the sum of the reward functions. ``means``, when given, receives each function's
-        mean (what the step logs as ``reward_<name>``)."""
-        g = self.config.num_generations
+        """Rewards of shape (P, n), n the batch's completions per prompt: the sum of the reward functions. ``means``,
+        when given, receives each function's mean (what the step logs as ``reward_<name>``)."""
+        g = len(batch.groups[0].completions) if batch.groups else self.config.num_generations
         prompts = [r["prompt"] for r in rows for _ in range(g)]
         completions = [c.text for grp in batch.groups for c in grp.completions]
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k != "prompt"}
@@ -330,21 +403,7 @@ class DPPOTrainer(Run):
             norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
             stats["grad_norm"] += norm.item() / c.num_iterations
             self.optimizer.step()
-        return {**stats, **self._job_layout_stats(stats, layout)}
-
-    def _job_layout_stats(self, stats: dict[str, float], layout: dict[str, float]) -> dict[str, float]:
-        """Data parallel: the job's totals, summed over ranks (grad_norm is the same on every rank)."""
-        if not self.dist.enabled:
-            return layout
-        ranks = all_gather_objects({**stats, **layout}, self.dist)
-        summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows",
-                                                         "update_capacity", "padding_avoided", "prompt_tokens_shared",
-                                                         "engine_weight_mean", "engine_weight_truncated")
-                  if k in ranks[0]}
-        if "engine_logprob_diff_max" in ranks[0]:
-            summed["engine_logprob_diff_max"] = max(r["engine_logprob_diff_max"] for r in ranks)
-        real = sum(r["update_density"] * r["update_capacity"] for r in ranks)
-        return {**layout, **summed, "update_density": real / max(1, summed["update_capacity"])}
+        return {**stats, **job_layout_stats(stats, layout, self.dist)}
 
     # --- one step ---------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -355,24 +414,19 @@ class DPPOTrainer(Run):
         timer.lap("prune")
         if not selection.rows:  # every candidate pruned: the estimate is exactly 0 (a valid draw); step counted
             return self._skipped_step(selection, timer)
-        # 2. roll out: this rank's contiguous share of the kept prompts, G completions each
-        mine = shard(len(selection.rows), self.dist)
-        mine_rows = selection.rows[mine.start:mine.stop]
-        rows, batch = self.rollout(self.step, mine_rows) if mine_rows else ([], RolloutBatch([]))
-        timer.lap("rollout")
-        # 3. reward every completion; every rank gets every group; advantages over whole groups; history
-        means: dict[str, float] = {}
-        rewards = self.score(rows, batch, means) if rows else torch.zeros(0, c.num_generations)
-        lengths = [comp.length for g in batch.groups for comp in g.completions]
-        rewards, lengths, means = gather_groups(rewards, lengths, means, self.dist)
-        timer.lap("reward")
+        # 2-3. roll out (this rank's share of the kept prompts, G each; with a pilot, k each, then the rest of the
+        # continued groups) and reward every completion; every rank gets every group's rewards
+        out = self.roll_out(selection, timer)
+        selection, batch, rewards, lengths, means = out.selection, out.batch, out.rewards, out.lengths, out.means
+        if not selection.rows:  # every group stopped after its pilot: the estimate is exactly 0 (a valid draw)
+            return {**self._skipped_step(selection, timer), **out.stats}
         # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
         adv, weighting = self.weigh(selection, rewards, lens, self.step)
         if c.log_groups:  # groups.jsonl's line (train() writes it)
             self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
-                                            selection.probs, rewards, lens)
-        seqs = self.sequences(batch, adv, weighting, group_offset=mine.start)
+                                            selection.probs, rewards, lens, stopped=out.stopped)
+        seqs = self.sequences(batch, adv, weighting, group_offset=out.offset)
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)
         weights = weighting.weights[kept].float()  # every rank's kept weights, in global order
@@ -384,7 +438,7 @@ class DPPOTrainer(Run):
         self.engine.sync(self.model)
         timer.lap("sync")
         self.step += 1
-        return self._step_record(selection, rewards, lengths, means, seqs, weights, stats, timer)
+        return {**self._step_record(selection, rewards, lengths, means, seqs, weights, stats, timer), **out.stats}
 
     def _skipped_step(self, selection: PromptSelection, timer: PhaseTimer) -> dict[str, Any]:
         self.step += 1

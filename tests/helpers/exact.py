@@ -12,9 +12,10 @@ import itertools
 import torch
 from enumeration import Enumerator
 
-from dppo_core import pruning
+from dppo_core import pilot, pruning
 from dppo_core.config import (
     COMPLETION_SCHEMES,
+    CONTINUE_SCHEMES,
     FIXED_SIZE_DESIGNS,
     LOSS_TYPES,
     PROMPT_SCHEMES,
@@ -32,9 +33,11 @@ G = 3
 STEP = 7
 TOL = 1e-9
 # rewards of each candidate prompt's G completions: degenerate groups (all equal) and informative ones
+# (q6, last: its first two rewards are equal and its group is not, for the pilot's tests)
 REWARDS = {"q0": [1.0, 0.0, 0.0], "q1": [1.0, 0.5, 0.0], "q5": [1.0, 1.0, 1.0], "q2": [0.0, 1.0, 0.5],
-           "q3": [0.0, 0.0, 0.0], "q4": [1.0, 0.0, 1.0]}
-LENGTHS = {"q0": [2, 3, 1], "q1": [1, 2, 2], "q5": [1, 3, 2], "q2": [3, 0, 2], "q3": [2, 1, 1], "q4": [4, 1, 2]}
+           "q3": [0.0, 0.0, 0.0], "q4": [1.0, 0.0, 1.0], "q6": [1.0, 1.0, 0.0]}
+LENGTHS = {"q0": [2, 3, 1], "q1": [1, 2, 2], "q5": [1, 3, 2], "q2": [3, 0, 2], "q3": [2, 1, 1], "q4": [4, 1, 2],
+           "q6": [2, 1, 3]}
 PAST = {  # the rewards each prompt's group got at steps STEP - 2 and STEP - 1 (q5 was never rolled out)
     STEP - 2: {"q0": [0.0, 0.0, 0.0], "q1": [1.0, 0.0, 0.0], "q3": [1.0, 1.0, 1.0], "q4": [0.0, 0.5, 1.0]},
     STEP - 1: {"q0": [1.0, 0.0, 0.0], "q1": [0.0, 0.0, 0.0], "q2": [1.0, 1.0, 0.0], "q3": [0.0, 0.0, 0.0],
@@ -99,6 +102,7 @@ class StepParts:
     holds only what they read (the config, the estimator, the prompt source): no model, no engine."""
 
     select_prompts = DPPOTrainer.select_prompts
+    continue_groups = DPPOTrainer.continue_groups
     weigh = DPPOTrainer.weigh
 
     def __init__(self, config: DPPOConfig, estimator, ids: list[str]):
@@ -114,6 +118,13 @@ def run_step(config: DPPOConfig, estimator, ids: list[str], theta: Params, scale
     kept = [ids[i] for i in sel.indices]
     rewards = torch.tensor([REWARDS[q] for q in kept]).view(len(kept), G)
     lengths = torch.tensor([LENGTHS[q] for q in kept]).view(len(kept), G)
+    if config.pilot_size:  # roll_out's order: the pilot's k rewards, the continue draw, the rest of the continued
+        k = config.pilot_size
+        sel, cont = parts.continue_groups(sel, rewards[:, :k], STEP, observe=observe)
+        on = cont.positions
+        rewards = pilot.join(rewards[:, :k], rewards[on][:, k:], on)
+        lengths = pilot.join(lengths[:, :k], lengths[on][:, k:], on)
+        kept = [kept[j] for j in on]
     # observe: train_step's order (advantages, the history records this step's groups, then weigh)
     adv, weighting = parts.weigh(sel, rewards, lengths, STEP, observe=observe)
     batch = RolloutBatch([RolloutGroup(q, [1, 2], [Completion(list(range(3, 3 + n)), "", [], "stop")
@@ -176,16 +187,18 @@ def full_batch(config: DPPOConfig, ids: list[str], window: int, theta: Params) -
     """Full-batch GRPO over the window (every candidate and completion, weight 1) through the same code: its
     loss, gradient and Σ |per-completion terms| (the loss itself may nearly cancel: advantages sum to 0)."""
     full = config.with_overrides({"pruning": "none", "prompt_prune_rate": 0.0, "completion_prune_rate": 0.0,
-                                  "prompts_per_step": window, "dense_prompts": False})
+                                  "prompts_per_step": window, "dense_prompts": False, "pilot_size": 0})
     loss, grad, _ = run_step(full, make_estimator(full), ids[:window], theta)
     return loss, grad, run_step(full, make_estimator(full), ids[:window], theta, scale=True)
 
 
-def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, random: bool = True, observe: bool = True):
+def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, random: bool = True, observe: bool = True,
+                  ids: list[str] | None = None):
     """Relative bias of the loss (against the size of its terms) and of the gradient, and the number of outcomes.
-    The candidates: ``prompts_per_step`` (times ``prompt_window_factor`` with dense prompts) from ``REWARDS``."""
+    The candidates (``ids``, default): ``prompts_per_step`` (times ``prompt_window_factor`` with dense prompts) from
+    ``REWARDS``."""
     k = config.prompts_per_step
-    ids = list(REWARDS)[: k * config.prompt_window_factor if config.dense_prompts else k]
+    ids = ids or list(REWARDS)[: k * config.prompt_window_factor if config.dense_prompts else k]
     if estimator is None:
         estimator = make_estimator(config)
         estimator.history = history_before()
@@ -234,6 +247,21 @@ SAMPLING = [dict(prompt_scheme=ps, completion_scheme=cs, completion_target_ess=e
                  **window_settings(dense), **ROTATION[i % len(ROTATION)])
             for i, (ps, cs, design, dense, ess) in enumerate(itertools.product(
                 PROMPT_SCHEMES, COMPLETION_SCHEMES, DESIGNS, (False, True), (None, ADAPTIVE)))]
+
+
+# Pilot, then continue (G = 3): k = 1 (every pilot is all equal, so every group is continued with probability c_q,
+# informative ones like q0 too) and k = 2 (q6's pilot is all equal and its group is not; q3's group is all equal), each
+# continue scheme, alone and composed with prompt pruning, completion pruning and both, c and the designs in turn.
+PILOT_IDS = ["q6", "q0", "q3", "q4"]
+PILOT = [dict(pilot_size=k, continue_scheme=scheme, prompt_prune_rate=pr, completion_prune_rate=cr,
+              continue_probability=(0.3, 0.7)[i % 2], **DESIGNS[("bernoulli", "sorted")[i // 2 % 2]])
+         for i, (k, scheme, (pr, cr)) in enumerate(itertools.product(
+             (1, 2), CONTINUE_SCHEMES, ((0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5))))]
+
+
+def pilot_id(settings: dict) -> str:
+    return (f"k{settings['pilot_size']}-{settings['continue_scheme']}-c{settings['continue_probability']}"
+            f"-prompts{settings['prompt_prune_rate']}-completions{settings['completion_prune_rate']}")
 
 
 def sampling_id(settings: dict) -> str:

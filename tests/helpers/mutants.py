@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dppo_core.estimator import DPPOEstimator, Selection, Weighting
+from dppo_core.estimator import Continuation, DPPOEstimator, Selection, Weighting
 from dppo_core.pruning import PromptHistory
 
 
@@ -101,7 +101,47 @@ class ProbsFromUpdatedHistory(DPPOEstimator):
         return super().weigh(advantages, selection, step, **kwargs)
 
 
+class ContinueWeightOnMixedPilots(DPPOEstimator):
+    """The pilot's weight 1 / c applied to every continued group, those whose pilot was mixed (always continued) too."""
+
+    def continue_groups(self, prompt_ids, pilot_rewards, step):
+        cont = super().continue_groups(prompt_ids, pilot_rewards, step)
+        return Continuation(cont.keep, torch.full_like(cont.probs, self.continue_probability))
+
+
+class ContinueProbsAfterTheDraw(DPPOEstimator):
+    """c read after the draw: the all-equal pilots' continued groups weighted by the share of them that the draw
+    continued, instead of by the probability it drew them with."""
+
+    def continue_groups(self, prompt_ids, pilot_rewards, step):
+        cont = super().continue_groups(prompt_ids, pilot_rewards, step)
+        equal = cont.probs < 1
+        if not (equal & cont.keep).any():
+            return cont
+        share = cont.keep[equal].double().mean()
+        return Continuation(cont.keep, torch.where(equal, share, cont.probs))
+
+
+def pilot_left_out_of_the_advantages(monkeypatch) -> None:
+    """The pilot's rewards left out of the group's advantages: the rest's advantages over the rest alone, the pilot's
+    completions at the rest's mean (A = 0). Installed over :func:`dppo_core.pilot.join` (rewards only; lengths are
+    integers and joined right)."""
+    from dppo_core import pilot
+
+    right = pilot.join
+
+    def wrong(first, rest, continued):
+        if not first.is_floating_point():
+            return right(first, rest, continued)
+        return torch.cat([rest.mean(dim=1, keepdim=True).expand(-1, first.shape[1]), rest], dim=1)
+
+    monkeypatch.setattr(pilot, "join", wrong)
+
+
 MUTANTS = (ScaledRandomWeights, NoPromptFloor, StalePromptProbs, KeptCountNormaliser)
+#: the pilot's mistakes, each caught by the exact enumeration with a pilot (tests/unit/test_exact_expectation.py)
+PILOT_MUTANTS = (ContinueWeightOnMixedPilots, ContinueProbsAfterTheDraw)
+PILOT_JOIN_MUTANTS = (pilot_left_out_of_the_advantages,)
 EXACT_MUTANTS = (SlightlyScaledRandomWeights, StaleDensePromptProbs, ProbsFromUpdatedHistory)
 
 

@@ -104,7 +104,7 @@ LAYERS = [
     {"grpo", "pruning", "posterior", "biased_baselines", "packing", "shared_prefix", "rewards", "tasks",
      "benchmark_data", "models", "warm_start", "shapes"},
     {"estimator", "engines", "rollout"},
-    {"trainer", "run", "data", "policy", "logprobs", "evaluate"},
+    {"trainer", "run", "data", "policy", "logprobs", "evaluate", "pilot"},
     {"integrations"},
     {"tools", "__main__"},  # __main__: `python -m dppo_core` is the dppo command
 ]

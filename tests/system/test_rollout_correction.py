@@ -281,7 +281,6 @@ class UpdateParts:
     update = DPPOTrainer.update
     _reference = DPPOTrainer._reference
     _lr = DPPOTrainer._lr
-    _job_layout_stats = DPPOTrainer._job_layout_stats
     rollout_correction_level = DPPOTrainer.rollout_correction_level
 
     def __init__(self, config: DPPOConfig, policy: torch.Tensor, reference: torch.Tensor):

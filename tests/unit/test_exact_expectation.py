@@ -41,6 +41,8 @@ from exact import (
     ADAPTIVE,
     DESIGNS,
     LOSSES,
+    PILOT,
+    PILOT_IDS,
     REFUSED,
     REWARDS,
     SAMPLING,
@@ -50,9 +52,10 @@ from exact import (
     dppo_config,
     history_before,
     loss_settings,
+    pilot_id,
     relative_bias,
 )
-from mutants import EXACT_MUTANTS, MUTANTS, ProbsFromUpdatedHistory
+from mutants import EXACT_MUTANTS, MUTANTS, PILOT_JOIN_MUTANTS, PILOT_MUTANTS, ProbsFromUpdatedHistory
 
 from dppo_core import pruning
 from dppo_core.config import (
@@ -99,6 +102,24 @@ def test_the_default_combination_is_exact_in_the_trainers_order(monkeypatch, ada
     assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
 
 
+@pytest.mark.parametrize("settings", PILOT, ids=pilot_id)
+def test_the_pilot_is_exact_alone_and_composed(monkeypatch, settings):
+    """Pilot, then continue: over every prompt draw, every continue draw after every pilot, and every completion
+    draw, the expected loss and gradient are the full groups' (KL on, a PPO ratio ≠ 1)."""
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, dppo_config(**settings), ids=PILOT_IDS)
+    print(f"{n} outcomes: relative bias of the loss {loss_bias:.1e}, of the gradient {grad_bias:.1e}")
+    assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
+
+
+@pytest.mark.parametrize("scheme", ["constant", "posterior"])
+def test_the_pilot_is_exact_in_the_default_combination(monkeypatch, scheme):
+    """tiny-dppo's combination (dense prompts, posterior prompts, length-aware sorted completions) with a pilot."""
+    config = default_config(pilot_size=2, continue_scheme=scheme, continue_probability=0.1)
+    loss_bias, grad_bias, n = relative_bias(monkeypatch, config, ids=PILOT_IDS)
+    print(f"{n} outcomes: relative bias of the loss {loss_bias:.1e}, of the gradient {grad_bias:.1e}")
+    assert loss_bias <= TOL and grad_bias <= TOL, f"{n} outcomes: loss bias {loss_bias:.2e}, gradient {grad_bias:.2e}"
+
+
 #: estimator settings every matrix holds fixed, and why
 HELD = {"seed": "the draws are enumerated, not seeded",
         "num_generations": "G = 3 keeps the enumeration small; nothing in the estimator special-cases G",
@@ -113,6 +134,7 @@ def test_the_matrices_cover_every_setting():
     mode is either exact (none, dppo) or shown biased. A new scheme, design or setting fails here until covered."""
     configs = [dppo_config(**s) for s in SAMPLING] + [dppo_config(**loss_settings(*c)) for c in LOSSES]
     configs += [default_config(completion_target_ess=a) for a in (None, ADAPTIVE)]
+    configs += [dppo_config(**s) for s in PILOT]
     settings = {CONFIG_NAMES.get(f.name, f.name) for cls in ESTIMATORS.values() for f in fields(cls)
                 if f.init and f.name != "history"}
     for name in sorted(settings - set(HELD)):
@@ -259,3 +281,27 @@ def test_grpo_skip_trains_on_fewer_completions_with_grpos_exact_gradient(monkeyp
     w = est.weigh(group_advantages(rewards), est.select(ids, STEP), STEP)
     # skipped: q5's whole group (all rewards equal) and q1's middle completion (its reward is the group's mean)
     assert w.keep.sum() == 5 and w.weights[w.keep].eq(1).all()
+
+
+PILOT_MUTANT_SETTINGS = [dict(beta=0.0, num_iterations=1), dict(beta=0.04, num_iterations=2, completion_prune_rate=0.0)]
+
+
+@pytest.mark.parametrize("mutant", PILOT_MUTANTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("settings", PILOT_MUTANT_SETTINGS, ids=["prune-both", "kl-prompts"])
+def test_pilot_mutants_are_biased(monkeypatch, mutant, settings):
+    """The pilot's likely mistakes (k = 2, so some pilots are mixed and q6's all-equal pilot has an informative
+    group): each shows a bias where the real estimator shows none."""
+    config = dppo_config(pilot_size=2, continue_probability=0.4, **settings)
+    _, grad_bias, _ = relative_bias(monkeypatch, config, estimator=_mutant(mutant, config), ids=PILOT_IDS)
+    print(f"{mutant.__name__}: relative bias of the gradient {grad_bias:.3g}")
+    assert grad_bias > MUTANT_MIN, f"{mutant.__name__}: gradient bias only {grad_bias:.2e}"
+    assert relative_bias(monkeypatch, config, ids=PILOT_IDS)[1] <= TOL
+
+
+@pytest.mark.parametrize("install", PILOT_JOIN_MUTANTS, ids=lambda m: m.__name__)
+def test_a_pilot_left_out_of_the_advantages_is_caught(monkeypatch, install):
+    config = dppo_config(pilot_size=2, continue_probability=0.4, beta=0.0, num_iterations=1)
+    install(monkeypatch)
+    _, grad_bias, _ = relative_bias(monkeypatch, config, ids=PILOT_IDS)
+    print(f"{install.__name__}: relative bias of the gradient {grad_bias:.3g}")
+    assert grad_bias > MUTANT_MIN, f"{install.__name__}: gradient bias only {grad_bias:.2e}"

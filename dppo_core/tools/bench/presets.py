@@ -18,7 +18,8 @@ from dppo_core.config import preset as training_preset
 
 #: Every method the bench knows, in the order of the plots' colours.
 METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
-                            "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling")
+                            "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
+                            "dppo_pilot", "dppo_budget_pilot")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -28,6 +29,8 @@ TARGET_FRACTION = 0.95
 UNTRAINED_TINY = "tiny-untrained"
 #: The tiny-dppo training preset's pruning: what it states on top of tiny-grpo, its run directory aside.
 DPPO_PRUNING: dict[str, Any] = {k: v for k, v in preset_overrides("tiny-dppo").items() if k != "output_dir"}
+#: The pilot of the ``*_pilot`` methods (``pilot_size``, ``continue_scheme``, ``continue_probability``).
+PILOT: dict[str, Any] = {"pilot_size": 2, "continue_scheme": "posterior", "continue_probability": 0.1}
 #: What each method changes on the preset's base configuration; every other field is the same for all.
 METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "grpo": {"pruning": "none"},
@@ -65,6 +68,10 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # objective: informative groups only); and that with GRESO's skip of prompts last seen all-equal before each round
     "grpo_skip_filtered": {}, "dapo_sampling": {},
     "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.5, "packing": True, "max_tokens_per_row": 128},
+    # dppo and dppo_budget with a pilot (DERIVED_METHODS): 2 of each group's 8 first, an all-equal pilot continued
+    # with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran by the replay in
+    # benchmarks/pilot_replay.py: the setting with the least variance factor among those that cut 25% of the tokens
+    "dppo_pilot": PILOT, "dppo_budget_pilot": PILOT,
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
@@ -73,7 +80,8 @@ HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
 REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: Methods whose configuration is another method's (with that method's preset and command-line settings)
 #: with their own :data:`METHOD_OVERRIDES` on top.
-DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip"}
+DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip",
+                                   "dppo_pilot": "dppo", "dppo_budget_pilot": "dppo_budget"}
 
 
 class BenchError(ValueError):

@@ -73,6 +73,8 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
         "phase_s": {p: sum(m.get(f"time_{p}") or 0.0 for m in steps) for p in PHASES},
         "tokens": {"generated": sum(m.get("tokens_generated") or 0 for m in (*before, *steps)),
                    "trained": sum(m.get("tokens_trained") or 0 for m in steps),
+                   # sequential decode steps: one engine call's longest completion per step, a pilot's two calls'
+                   "decode_steps": sum(m.get("decode_steps", m.get("completion_length_max")) or 0 for m in steps),
                    "row_capacity": sum(m.get("update_capacity") or 0 for m in steps),
                    # prompt and completion tokens in the update, no padding: update_real / row_capacity is the density
                    "update_real": round(sum((m.get("update_density") or 0) * (m.get("update_capacity") or 0)
