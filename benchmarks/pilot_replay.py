@@ -12,7 +12,9 @@ seen before the step, as the trainer keeps it (half-life 20 steps). Per setting:
 - ``tokens``: expected generated tokens over the logged groups' tokens (the pilot's k always, the rest with c_q);
 - ``variance_factor``: the mean of 1 / c_q over the informative groups (rewards not all equal): how much a
   continued informative group's contribution to the gradient's second moment grows (1 without a pilot);
-- ``cost_times_variance``: their product, a first-order cost of the same gradient noise (< 1: the pilot pays).
+- ``cost_times_variance``: their product, a first-order cost of the same gradient noise (< 1: the pilot pays);
+- ``informative_with_equal_pilot``: the share of the informative groups whose pilot was all equal (they are the ones
+  the weight 1 / c_q falls on).
 
 The rule written before the comparison ran: the setting with the least variance factor among those whose tokens are
 at most 0.75 (the issue's 25% cut).
@@ -35,7 +37,7 @@ from dppo_core.posterior import continue_probs
 
 
 def replay(logs: list[list[dict]], k: int, c: float, scheme: str, group_size: int) -> dict:
-    tokens = total = informative = 0
+    tokens = total = informative = hidden = 0
     inverse = 0.0
     for log in logs:
         history = PromptHistory(half_life=20.0)
@@ -49,11 +51,13 @@ def replay(logs: list[list[dict]], k: int, c: float, scheme: str, group_size: in
             total += float(lengths.sum())
             mixed = rewards.std(dim=1) > 0
             informative += int(mixed.sum())
+            hidden += int((mixed & (probs < 1)).sum())
             inverse += float((1 / probs)[mixed].sum())
             history.update(line["ids"], rewards, group_advantages(rewards), step)
     t, v = tokens / total, inverse / max(1, informative)
     return {"pilot_size": k, "continue_probability": c, "continue_scheme": scheme, "tokens": round(t, 4),
-            "variance_factor": round(v, 3), "cost_times_variance": round(t * v, 3)}
+            "variance_factor": round(v, 3), "cost_times_variance": round(t * v, 3),
+            "informative_with_equal_pilot": round(hidden / max(1, informative), 4)}
 
 
 def main() -> int:

@@ -233,8 +233,8 @@ class DPPOTrainer(Run):
         pilot_lens = torch.tensor(lengths).view(rewards.shape)
         joined = pilot.join(pilot_lens, torch.tensor(rest_lengths).view(rest_rewards.shape), cont.positions)
         stopped = (~cont.keep).nonzero().flatten().tolist()
-        generated = sum(lengths) + sum(rest_lengths)  # every token generated, the stopped pilots' too
-        stats = {"pilot_groups_stopped": len(stopped), "pilot_tokens": sum(lengths), "tokens_generated": generated,
+        stats = {"prompts_rolled_out": len(selection.rows), "pilot_groups_stopped": len(stopped),  # the stopped
+                 "pilot_tokens": sum(lengths), "tokens_generated": sum(lengths) + sum(rest_lengths),  # pilots' too
                  "completions_rolled_out": len(lengths) + len(rest_lengths),
                  "decode_steps": max(lengths, default=0) + max(rest_lengths, default=0)}
         return RolledOut(continued, sum(1 for j in cont.positions if j < mine.start),
@@ -418,14 +418,14 @@ class DPPOTrainer(Run):
         # continued groups) and reward every completion; every rank gets every group's rewards
         out = self.roll_out(selection, timer)
         selection, batch, rewards, lengths, means = out.selection, out.batch, out.rewards, out.lengths, out.means
-        if not selection.rows:  # every group stopped after its pilot: the estimate is exactly 0 (a valid draw)
-            return {**self._skipped_step(selection, timer), **out.stats}
-        # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
-        lens = torch.tensor(lengths).view(rewards.shape)  # (P, G): every rank's groups
-        adv, weighting = self.weigh(selection, rewards, lens, self.step)
+        lens = torch.tensor(lengths, dtype=torch.long).view(rewards.shape)  # (P, G): every rank's groups
         if c.log_groups:  # groups.jsonl's line (train() writes it)
             self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
                                             selection.probs, rewards, lens, stopped=out.stopped)
+        if not selection.rows:  # every group stopped after its pilot: the estimate is exactly 0 (a valid draw)
+            return {**timer.record(), **self._skipped_step(selection, timer), **out.stats}
+        # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
+        adv, weighting = self.weigh(selection, rewards, lens, self.step)
         seqs = self.sequences(batch, adv, weighting, group_offset=out.offset)
         kept = weighting.keep & (lens > 0)  # completions without tokens have no loss
         seqs.total_tokens, seqs.total_rolled_out_tokens = int(lens[kept].sum()), sum(lengths)

@@ -73,8 +73,9 @@ Departures from TRL's GRPOTrainer, and why:
    ``split_tensor_dict`` needs a multiple of ``steps_per_generation`` and drops the remainder), so
    ``_prepare_inputs`` is re-implemented for training; evaluation is TRL's, unpruned.
 5. ``dense_prompts`` is refused (a ValueError): it looks past the candidate window, but TRL's sampler draws
-   a fixed generation batch, which is the window. With prompt pruning, ``scale_rewards="batch"`` and
-   ``multi_objective_aggregation="normalize_then_sum"`` are refused: their advantages use statistics of the
+   a fixed generation batch, which is the window. So is ``pilot_size`` (TRL generates a group in one call).
+   With prompt pruning, ``scale_rewards="batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are
+   refused: their advantages use statistics of the
    whole rolled-out batch, which pruning changes.
 6. TRL's entropy bonus, auxiliary (router) loss and ``top_entropy_quantile`` mask act on the kept rows of
    each micro-batch, unweighted (the router loss on the padding rows of departure 1 too): they are outside
@@ -244,6 +245,10 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
                              f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
                              "drop_zero_advantage=False")
+        if getattr(self.estimator, "pilot_size", 0):
+            raise ValueError("DPPOGRPOTrainer does not support pilot_size: TRL generates each group in one call, so "
+                             "there is no pilot to decide on; set pilot_size=0 (or run the pilot with dppo_core's "
+                             "DPPOTrainer)")
         size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
             raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the generation "

@@ -3,9 +3,10 @@
     python tests/helpers/ddp_worker.py --config CFG.json --rollouts R.pkl --record --out DIR   (one process)
     torchrun --nproc_per_node 2 tests/helpers/ddp_worker.py --config CFG.json --rollouts R.pkl --out DIR
 
-With ``--record`` the completions are generated for real and saved, keyed by (step, position in the step's kept
-list); without it they are replayed from that file, so a data-parallel job trains on exactly the global batch the
-single process trained on (its ranks would otherwise sample other completions). Each rank writes its
+With ``--record`` the completions are generated for real and saved, keyed by (step, call, position in the step's
+kept list): with a pilot a step makes two calls, k completions for every kept prompt, then G - k for the continued
+ones (call 1); without it they are replayed from that file, so a data-parallel job trains on exactly the global
+batch the single process trained on (its ranks would otherwise sample other completions). Each rank writes its
 final trainable weights and the step metrics to DIR.
 """
 
@@ -25,18 +26,46 @@ from dppo_core.rollout import RolloutBatch
 from dppo_core.trainer import DPPOTrainer
 
 
+def positions(engine, prompts) -> list[tuple[int, int, int]]:
+    """The keys of a call's groups on this rank: (step, call, position in the step's kept list). The rank's share
+    of the kept list is contiguous; a call after the pilot asks for the continued positions of that share, which
+    ``spy_on_the_continue_draw`` noted."""
+    trainer = engine.trainer
+    call = 1 if engine.last_step == trainer.step else 0
+    if call == 0:  # the step's selection, as drawn (after the pilot the history has the stopped groups: redrawn,
+        engine.rows = trainer.select_prompts(trainer.step).rows  # it would differ)
+    engine.last_step, rows = trainer.step, engine.rows
+    mine = shard(len(rows), trainer.dist)
+    where = list(mine) if call == 0 else [j for j in engine.continued if j in mine]
+    if [rows[j]["prompt"] for j in where] != list(prompts):
+        raise RuntimeError("the prompts asked for are not this rank's share of the step's selection")
+    return [(trainer.step, call, j) for j in where]
+
+
+def spy_on_the_continue_draw(trainer, engine) -> None:
+    """Notes the continued groups' positions of each step on ``engine`` (the call after the pilot asks for them)."""
+    draw = trainer.continue_groups
+
+    def spied(selection, pilot_rewards, step, observe=True):
+        continued, cont = draw(selection, pilot_rewards, step, observe)
+        engine.continued = cont.positions
+        return continued, cont
+
+    trainer.continue_groups = spied
+
+
 class RecordingEngine:
-    """The real engine, keeping every group it generates under (step, prompt)."""
+    """The real engine, keeping every group it generates under (step, call, position)."""
 
     name = "recording"
 
     def __init__(self, engine, trainer):
-        self.engine, self.trainer, self.groups = engine, trainer, {}
+        self.engine, self.trainer, self.groups, self.last_step, self.continued = engine, trainer, {}, None, []
 
     def generate(self, prompts, num_generations=1, sampling=None):
+        keys = positions(self, prompts)
         batch = self.engine.generate(prompts, num_generations, sampling)
-        for i, g in enumerate(batch.groups):  # one process: the call holds the step's whole kept list
-            self.groups[(self.trainer.step, i)] = g
+        self.groups.update(zip(keys, batch.groups, strict=True))
         return batch
 
     def sync(self, model):
@@ -49,15 +78,10 @@ class ReplayEngine:
     name = "replay"
 
     def __init__(self, groups, trainer):
-        self.groups, self.trainer = groups, trainer
+        self.groups, self.trainer, self.last_step, self.continued = groups, trainer, None, []
 
     def generate(self, prompts, num_generations=1, sampling=None):
-        # this rank's prompts are a contiguous share of the step's kept list: find their global positions
-        rows = self.trainer.select_prompts(self.trainer.step).rows
-        mine = shard(len(rows), self.trainer.dist)
-        if [r["prompt"] for r in rows[mine.start : mine.stop]] != list(prompts):
-            raise RuntimeError("the prompts asked for are not this rank's share of the step's selection")
-        return RolloutBatch([self.groups[(self.trainer.step, i)] for i in mine])
+        return RolloutBatch([self.groups[key] for key in positions(self, prompts)])
 
     def sync(self, model):
         pass
@@ -76,6 +100,7 @@ def main() -> None:
         trainer.engine = RecordingEngine(trainer.make_engine(), trainer)
     else:
         trainer.engine = ReplayEngine(pickle.loads(args.rollouts.read_bytes()), trainer)
+    spy_on_the_continue_draw(trainer, trainer.engine)
     trainer.engine.sync(trainer.model)
     records = [trainer.train_step() for _ in range(config.max_steps)]
     rank = trainer.dist.rank

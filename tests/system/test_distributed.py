@@ -77,6 +77,9 @@ SETTINGS = {
     "dppo-packed": dict(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, min_prompt_keep_prob=0.3,
                         dense_prompts=True, fixed_size_sampling=True, packing=True, max_tokens_per_row=64,
                         beta=0.04, num_iterations=2),
+    # pilot, then continue: the continue draw over every rank's pilots, each rank's rest, the joined groups
+    "dppo-pilot": dict(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, min_prompt_keep_prob=0.3,
+                       dense_prompts=True, pilot_size=2, continue_probability=0.4, continue_scheme="posterior"),
 }
 
 
@@ -111,16 +114,20 @@ def test_two_gloo_ranks_update_like_one_process(small_model_dir, tmp_path, name)
     m1 = json.loads((one / "metrics-rank0.json").read_text())
     m2 = json.loads((two / "metrics-rank0.json").read_text())
     exact = ("prompts_candidates", "prompts_rolled_out", "reward_mean", "tokens_generated", "tokens_trained",
-             "sequences_trained", "completions_rolled_out", "tokens_saved_update")
+             "sequences_trained", "completions_rolled_out", "tokens_saved_update", "pilot_groups_stopped",
+             "pilot_tokens", "decode_steps")
     # (the micro-batch layout, update_rows / update_capacity, is each rank's own: not compared)
     for a, b in zip(m1, m2, strict=True):
         assert {k: a.get(k) for k in exact} == {k: b.get(k) for k in exact}
         for k in ("loss", "kl", "grad_norm", "weight_ess", "clip_fraction"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-7), k
     assert sum(r["grad_norm"] for r in m1) > 0
-    if name != "grpo":  # pruning acted: fewer prompts rolled out than candidates, fewer sequences trained
+    if name == "dppo-packed":  # pruning acted: fewer prompts rolled out than candidates, fewer sequences trained
         assert sum(r["prompts_rolled_out"] for r in m1) < sum(r["prompts_candidates"] for r in m1)
+    if name != "grpo":
         assert sum(r["sequences_trained"] for r in m1) < sum(r["completions_rolled_out"] for r in m1)
+    if name == "dppo-pilot":  # the continue draw stopped some groups after their pilot
+        assert sum(r["pilot_groups_stopped"] for r in m1) > 0
     hist = [(d / f"history-rank{r}.json").read_text() for d, r in ((one, 0), (two, 0), (two, 1))]
     assert hist[0] == hist[1] == hist[2], "prompt history differs between ranks or from one process"
 

@@ -312,6 +312,79 @@ def test_pruned_run_trains_on_fewer_tokens_and_resumes_exactly(small_model_dir, 
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("scheme", ["constant", "posterior"])
+def test_a_pilot_rolls_out_the_rest_of_the_continued_groups_and_resumes_exactly(small_model_dir, tmp_path, scheme):
+    """Pilot, then continue, through the trainer: each step generates k completions per kept prompt and G - k more for
+    the continued groups (a second engine call with its own seed), trains on whole groups of G, logs the stopped
+    groups' pilots, and a run stopped after 2 steps and resumed takes the same 4 steps as one that was not."""
+    kw = dict(max_steps=4, pruning="dppo", prompt_prune_rate=0.5, prompt_scheme="posterior", dense_prompts=True,
+              pilot_size=2, continue_probability=0.3, continue_scheme=scheme, prompts_per_step=4)
+    full = _trainer(_config(small_model_dir, tmp_path / "a", **kw))
+    full.prompts.rows, full.prompts.weights = full.prompts.rows[:6], None  # prompts recur: their history is used
+    calls, in_step = [], []  # the engine calls of the training steps (not of the evaluations)
+    full.start()
+    generate, train_step = full.engine.generate, full.train_step
+
+    def counted(prompts, n, sampling):
+        if in_step:
+            calls.append((full.step, len(prompts), n, sampling.seed))
+        return generate(prompts, n, sampling)
+
+    def step():
+        in_step.append(1)
+        try:
+            return train_step()
+        finally:
+            in_step.pop()
+
+    full.engine.generate, full.train_step = counted, step
+    full.train()
+    rows = _lines(tmp_path / "a" / "metrics.jsonl")
+    groups = _lines(tmp_path / "a" / "groups.jsonl")
+    assert len(rows) == len(groups) == 4
+    for r, g in zip(rows, groups, strict=True):
+        stopped = g.get("stopped", {"ids": [], "rewards": [], "lengths": []})
+        step_calls = [c for c in calls if c[0] == r["step"] - 1]
+        assert step_calls[0][1:3] == (r["prompts_rolled_out"], 2)  # the pilot: k = 2 for every kept prompt
+        continued = len(g["ids"])
+        assert r["prompts_rolled_out"] == continued + r["pilot_groups_stopped"] == continued + len(stopped["ids"])
+        if continued:  # the rest: G - k = 2 more for each continued group, from another random stream
+            assert step_calls[1][1:3] == (continued, 2) and step_calls[1][3] != step_calls[0][3]
+        assert all(len(x) == 4 for x in g["rewards"]) and all(len(x) == 2 for x in stopped["rewards"])
+        assert all(len(set(x)) == 1 for x in stopped["rewards"])  # only an all-equal pilot can be stopped
+        assert r["completions_rolled_out"] == 2 * r["prompts_rolled_out"] + 2 * continued
+        assert r["tokens_generated"] == sum(map(sum, g["lengths"])) + sum(map(sum, stopped["lengths"]))
+        assert r["decode_steps"] <= 2 * 12
+    assert sum(r["pilot_groups_stopped"] for r in rows) > 0  # the continue draw stopped some
+    first = _trainer(_config(small_model_dir, tmp_path / "b", **{**kw, "max_steps": 2}))
+    first.prompts.rows, first.prompts.weights = full.prompts.rows, None
+    first.train()
+    resumed = _trainer(_config(small_model_dir, tmp_path / "b", **kw))
+    resumed.prompts.rows, resumed.prompts.weights = full.prompts.rows, None
+    resumed.train(resume=True)
+    assert resumed.history.records == full.history.records
+    assert _metrics_without_times(tmp_path / "a" / "metrics.jsonl") == _metrics_without_times(
+        tmp_path / "b" / "metrics.jsonl")
+    for (name, x), y in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_a_step_whose_groups_all_stop_after_the_pilot_is_skipped_and_logged(small_model_dir, tmp_path):
+    """Every pilot of one completion is all equal; at c = 0.001 every group stops (for this seed): the step trains
+    nothing, counts its rollout time and tokens, and logs the stopped groups."""
+    trainer = _trainer(_config(small_model_dir, tmp_path, max_steps=1, pruning="dppo", pilot_size=1,
+                               continue_probability=0.001))
+    trainer.start()
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    record = trainer.train_step()
+    assert record["skipped"] == 1 and record["pilot_groups_stopped"] == record["prompts_rolled_out"] == 4
+    assert record["tokens_trained"] == 0 and record["tokens_generated"] == record["pilot_tokens"] > 0
+    assert record["time_rollout"] > 0 and record["completions_rolled_out"] == 4
+    assert trainer.last_groups["rewards"] == [] and len(trainer.last_groups["stopped"]["ids"]) == 4
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+@pytest.mark.numerics
 def test_a_step_whose_prompts_are_all_pruned_is_skipped_and_counted(small_model_dir, tmp_path):
     from dppo_core.pruning import PromptHistory
 

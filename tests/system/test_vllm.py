@@ -262,3 +262,38 @@ def test_the_trainer_corrects_vllm_rollouts_by_default(engine, base, tiny_model_
     assert record["engine_logprob_diff_max"] < TOL, record
     assert record["engine_weight_mean"] == pytest.approx(1, abs=TOL) and record["engine_weight_truncated"] == 0
     assert math.isfinite(record["loss"]) and record["tokens_trained"] > 0
+
+
+def test_the_trainer_runs_a_pilot_on_vllm(engine, base, tiny_model_dir, tmp_path):
+    """Pilot, then continue, on vLLM: two generation calls in a step (k completions per prompt, then G - k for the
+    continued groups), whole groups of G trained, the stopped groups' pilots logged."""
+    from dppo_core.config import DPPOConfig
+    from dppo_core.trainer import DPPOTrainer
+
+    config = DPPOConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), rollout_engine="vllm", prompts_per_step=6,
+                        num_generations=G, max_completion_length=12, max_steps=2, save_steps=0, pruning="dppo",
+                        pilot_size=1, continue_probability=0.5, train_levels=[1])
+    trainer = DPPOTrainer(config, progress=False)
+    trainer.engine = engine
+    calls = []
+    generate = engine.generate
+
+    def counted(prompts, n, sampling):
+        calls.append((len(prompts), n))
+        return generate(prompts, n, sampling)
+
+    try:
+        engine.sync(trainer.model)
+        engine.generate = counted
+        records = [trainer.train_step() for _ in range(2)]
+        groups = trainer.last_groups
+    finally:
+        del engine.generate
+        engine.sync(base[0])
+    assert calls[0] == (6, 1)  # the pilot of the first step, 1 completion per prompt
+    for r in records:
+        assert math.isfinite(r["loss"]) and r["prompts_rolled_out"] == 6
+        assert r["completions_rolled_out"] == 6 + (G - 1) * (6 - r["pilot_groups_stopped"])
+    assert all(len(x) == G for x in groups["rewards"]) and all(len(x) == 1 for x in groups.get("stopped", {}).get(
+        "rewards", []))
+    assert len(calls) == 2 + sum(r["pilot_groups_stopped"] < 6 for r in records)

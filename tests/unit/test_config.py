@@ -33,6 +33,20 @@ def test_bad_values_name_the_field_and_the_fix(field, value, fix):
     assert field in str(err.value) and fix in str(err.value)
 
 
+@pytest.mark.parametrize("overrides, field, fix", [
+    (dict(pilot_size=8), "pilot_size", "up to 7"),                   # the pilot is part of each group of 8
+    (dict(pilot_size=2, pruning="none"), "pilot_size", "pruning: dppo"),
+    (dict(pilot_size=2, continue_probability=0.0), "continue_probability", "(0, 1]"),
+    (dict(pilot_size=2, continue_scheme="history"), "continue_scheme", "constant, posterior"),
+    (dict(pilot_size=2, loss_type="dapo"), "loss_type", "pilot_size: 0"),
+    (dict(pilot_size=2, scale_rewards="batch"), "scale_rewards", "pilot_size: 0"),
+])
+def test_the_pilot_settings_that_would_bias_the_estimate_are_refused(overrides, field, fix):
+    with pytest.raises(ConfigError) as err:
+        DPPOConfig(**({"pruning": "dppo", "num_generations": 8} | overrides))
+    assert str(err.value).startswith(f"{field}=") and fix in str(err.value)
+
+
 def test_unknown_yaml_key_suggests_the_right_one(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("learning_rte: 1.0e-4\n")
