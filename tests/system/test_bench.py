@@ -78,7 +78,7 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
         assert set(m["step_time_s"]) == {"median", "min", "max"}
         assert m["step_time_s"]["min"] <= m["step_time_s"]["median"] <= m["step_time_s"]["max"]
         assert set(m["phase_s"]) == set(PHASES) and all(_is_num(v) and v >= 0 for v in m["phase_s"].values())
-        assert set(m["tokens"]) == {"generated", "trained", "row_capacity", "update_real"}
+        assert set(m["tokens"]) == {"generated", "trained", "decode_steps", "row_capacity", "update_real"}
         assert all(isinstance(v, int) for v in m["tokens"].values())
         # dynamic sampling trains only groups whose rewards differ: the untrained model's are all 0 (tested with
         # signal in test_bench_baselines.py)
@@ -130,8 +130,11 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
                 groups = read_groups(d)
                 assert [g["step"] for g in groups] == [1, 2, 3], (method, seed)
                 for g, s in zip(groups, steps, strict=True):
-                    assert sum(map(sum, g["lengths"])) == s["tokens_generated"] and len(g["ids"]) == len(g["pi"])
-                    assert len(g["rewards"]) == s["prompts_rolled_out"] == len(g["lengths"])
+                    stopped = g.get("stopped", {"ids": [], "lengths": []})  # a pilot's stopped groups (k each)
+                    assert sum(map(sum, g["lengths"] + stopped["lengths"])) == s["tokens_generated"]
+                    assert len(g["ids"]) == len(g["pi"]) and len(g["rewards"]) == len(g["lengths"])
+                    assert len(g["rewards"]) + len(stopped["ids"]) == s["prompts_rolled_out"]
+                    assert ("stopped" in g) == method.endswith("_pilot"), (method, g)
                     assert g["window"] == s["prompts_candidates"] and all(0 < p <= 1 for p in g["pi"])
         assert method in printed
     for name in ("accuracy_vs_step.png", "accuracy_vs_time.png", "phases.png"):
@@ -453,11 +456,13 @@ def test_speedups_over_grpo_and_a_missing_time_to_target():
 def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
     metrics = [
         {"step": 1, "step_time": 2.0, "time_rollout": 1.0, "time_reward": 0.1, "time_prune": 0.1, "time_pack": 0.1,
-         "time_update": 0.6, "time_sync": 0.0, "tokens_generated": 100, "tokens_trained": 60, "update_capacity": 80},
+         "time_update": 0.6, "time_sync": 0.0, "tokens_generated": 100, "tokens_trained": 60, "update_capacity": 80,
+         "completion_length_max": 12},
         # a step whose prompts were all pruned: no rollout, no tokens
         {"step": 2, "step_time": 0.5, "time_prune": 0.5, "tokens_generated": 0, "tokens_trained": 0, "skipped": 1},
         {"step": 3, "step_time": 3.0, "time_rollout": 2.0, "time_reward": 0.1, "time_prune": 0.0, "time_pack": 0.1,
-         "time_update": 0.8, "time_sync": 0.0, "tokens_generated": 120, "tokens_trained": 90, "update_capacity": 100},
+         "time_update": 0.8, "time_sync": 0.0, "tokens_generated": 120, "tokens_trained": 90, "update_capacity": 100,
+         "completion_length_max": 9, "decode_steps": 20},  # a pilot's two engine calls: their decode steps
     ]
     evals = [{"step": 0, "sampled_accuracy": 0.4, "greedy_accuracy": 0.5, "sampled_L2": 0.5, "sampled_L2_stderr": 0.1,
               "sampled_L3": 0.3, "sampled_stderr": 0.05, "sampled_steps_share": 0.5, "eval_s": 4.0},
@@ -470,7 +475,8 @@ def test_summarize_run_totals_steps_phases_tokens_and_the_training_clock():
     assert run["step_time_s"] == {"median": 2.0, "min": 0.5, "max": 3.0}
     assert run["phase_s"] == pytest.approx({"rollout": 3.0, "reward": 0.2, "prune": 0.6, "pack": 0.2,
                                             "update": 1.4, "sync": 0.0})
-    assert run["tokens"] == {"generated": 220, "trained": 150, "row_capacity": 180, "update_real": 0}  # no density
+    assert run["tokens"] == {"generated": 220, "trained": 150, "decode_steps": 32, "row_capacity": 180,
+                             "update_real": 0}  # no density
     assert [p["train_s"] for p in run["curve"]] == pytest.approx([0.0, 2.5, 5.5])
     assert run["accuracy"]["before"] == 0.4 and run["accuracy"]["after"] == 0.6
     assert run["accuracy"]["per_level_before"] == {"2": 0.5, "3": 0.3}

@@ -172,13 +172,13 @@ class DynamicSampling(DPPOTrainer):
         keep = pruning.sample_keep(probs, pruning.step_generator(self.config.seed, step, stage))
         return keep.nonzero().flatten().tolist()
 
-    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None
+    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None, n: int | None = None, call: int = 0
                 ) -> tuple[list[dict[str, Any]], RolloutBatch]:
-        if self._cache is not None and self._cache[0] == step and rows is not None:
+        if self._cache is not None and self._cache[0] == step and rows is not None and call == 0:
             _, cached_rows, batch = self._cache
             self._cache = None
             return cached_rows, batch  # the rows train_step passes are these (this step's selection)
-        return super().rollout(step, rows)
+        return super().rollout(step, rows, n, call)
 
     def train_step(self) -> dict[str, Any]:
         self._extra = {}
