@@ -86,6 +86,11 @@ class Continuation:
         """The continued groups' positions among the rolled-out ones, ascending."""
         return self.keep.nonzero().flatten().tolist()
 
+    @property
+    def stopped(self) -> list[int]:
+        """The stopped groups' positions (their pilot all equal, and the draw said stop), ascending."""
+        return (~self.keep).nonzero().flatten().tolist()
+
     def applied(self, selection: Selection) -> Selection:
         """The continued groups as a :class:`Selection`: their window positions, with inclusion probabilities π_q c_q
         (the weights 1 / (π_q c_q p_qi) then follow from :meth:`Estimator.weigh`), over the same window."""

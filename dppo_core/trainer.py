@@ -232,17 +232,17 @@ class DPPOTrainer(Run):
                                                                       c.num_generations - k, 1, timer)
         pilot_lens = torch.tensor(lengths).view(rewards.shape)
         joined = pilot.join(pilot_lens, torch.tensor(rest_lengths).view(rest_rewards.shape), cont.positions)
-        stopped = (~cont.keep).nonzero().flatten().tolist()
-        stats = {"prompts_rolled_out": len(selection.rows), "pilot_groups_stopped": len(stopped),  # the stopped
-                 "pilot_tokens": sum(lengths), "tokens_generated": sum(lengths) + sum(rest_lengths),  # pilots' too
-                 "completions_rolled_out": len(lengths) + len(rest_lengths),
+        generated, done = sum(lengths) + sum(rest_lengths), len(lengths) + len(rest_lengths)  # stopped pilots too
+        stats = {"prompts_rolled_out": len(selection.rows), "pilot_groups_stopped": len(cont.stopped),
+                 "pilot_tokens": sum(lengths), "tokens_generated": generated, "completions_rolled_out": done,
+                 "tokens_saved_rollout_est": round(selection.window * c.num_generations * generated / done) - generated,
                  "decode_steps": max(lengths, default=0) + max(rest_lengths, default=0)}
         return RolledOut(continued, sum(1 for j in cont.positions if j < mine.start),
                          pilot.join_batches(batch, rest, mine_cont), pilot.join(rewards, rest_rewards, cont.positions),
                          joined.flatten().tolist(),
                          pilot.join_means(means, rewards.numel(), rest_means, rest_rewards.numel()), stats,
-                         ([prompt_key(selection.rows[j]) for j in stopped], selection.probs[stopped], rewards[stopped],
-                          pilot_lens[stopped]))
+                         ([prompt_key(selection.rows[j]) for j in cont.stopped], selection.probs[cont.stopped],
+                          rewards[cont.stopped], pilot_lens[cont.stopped]))
 
     def _generate(self, rows: list[dict[str, Any]], n: int, call: int, timer: PhaseTimer
                   ) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
@@ -263,10 +263,10 @@ class DPPOTrainer(Run):
         into the history (after the draw, which reads the history as it was before the step)."""
         ids = [prompt_key(r) for r in selection.rows]
         cont = self.estimator.continue_groups(ids, pilot_rewards, step)
-        stopped = (~cont.keep).nonzero().flatten().tolist()
-        if observe and stopped:
-            r = pilot_rewards[stopped]
-            self.estimator.observe([ids[j] for j in stopped], r, group_advantages(r, self.config.scale_rewards), step)
+        if observe and cont.stopped:
+            r = pilot_rewards[cont.stopped]
+            self.estimator.observe([ids[j] for j in cont.stopped], r, group_advantages(r, self.config.scale_rewards),
+                                   step)
         sel = cont.applied(selection)
         return PromptSelection(sel.indices, sel.probs, sel.window, [selection.rows[j] for j in cont.positions]), cont
 

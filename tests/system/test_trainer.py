@@ -354,6 +354,9 @@ def test_a_pilot_rolls_out_the_rest_of_the_continued_groups_and_resumes_exactly(
         assert all(len(set(x)) == 1 for x in stopped["rewards"])  # only an all-equal pilot can be stopped
         assert r["completions_rolled_out"] == 2 * r["prompts_rolled_out"] + 2 * continued
         assert r["tokens_generated"] == sum(map(sum, g["lengths"])) + sum(map(sum, stopped["lengths"]))
+        # the rollout saved: the window's full groups at this step's mean length, less what was generated (pilots too)
+        window_tokens = round(r["prompts_candidates"] * 4 * r["tokens_generated"] / r["completions_rolled_out"])
+        assert r["tokens_saved_rollout_est"] == window_tokens - r["tokens_generated"]
         assert r["decode_steps"] <= 2 * 12
     assert sum(r["pilot_groups_stopped"] for r in rows) > 0  # the continue draw stopped some
     first = _trainer(_config(small_model_dir, tmp_path / "b", **{**kw, "max_steps": 2}))
