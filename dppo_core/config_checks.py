@@ -147,6 +147,13 @@ def _check_layout_and_run(c: Any) -> None:
     need(c.eval_steps >= 0, "eval_steps", "must be >= 0 (0: only before the first step and after the last)")
     need(c.device in ("auto", "cpu", "cuda"), "device", "choose auto, cpu or cuda")
     need(len(c.train_levels) > 0, "train_levels", "give at least one level, e.g. [2, 3, 4, 5]")
+    need(c.few_shot >= 0, "few_shot", "give 0 (no examples) or the number of worked examples, e.g. 1")
+    need(c.few_shot == 0 or c.task == "arithmetic", "few_shot",
+         "worked examples come from the embedded task; for another task write them into each row's prompt as "
+         "user/assistant messages (chat rows), and set few_shot: 0")
+    need(c.system_prompt is None or c.system_prompt.strip() != "", "system_prompt",
+         "give the system message's text, or null for none (the model's chat template may add its own)")
+    need(c.cpu_threads is None or c.cpu_threads >= 1, "cpu_threads", "give at least 1, or null for one per core")
     need(c.train_pool_size is None or c.train_pool_size >= 1, "train_pool_size",
          "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
     need(c.eval_benchmark_limit is None or c.eval_benchmark_limit >= 1, "eval_benchmark_limit",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,65 @@ def prompt_key(row: dict[str, Any]) -> str:
     return str(row["id"]) if row.get("id") is not None else json.dumps(row["prompt"], sort_keys=True)
 
 
+def few_shot_turns(n: int, levels: Sequence[int]) -> list[dict[str, str]]:
+    """``n`` solved examples of the embedded task as user/assistant turns: ``n`` problems of the training split of
+    ``levels`` drawn under a fixed seed (never a held-out one; the same for every run, and ``n`` of them are the
+    first ``n`` of ``n + 1``), each its prompt and its answer as one equation (``75+72=147. \\boxed{147}``: the
+    worked steps the tiny model learned mislead a pretrained model, which copies them;
+    benchmarks/smollm2_prompts.py)."""
+    task = ArithmeticTask(levels)
+    problems = sorted((p for lvl in task.levels for p in task.train(lvl)), key=lambda p: p.id)
+    turns: list[dict[str, str]] = []
+    for p in random.Random("few-shot").sample(problems, n):
+        turns += [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.solution("equation")}]
+    return turns
+
+
+def prompt_renderer(config: DPPOConfig) -> Callable[[Sequence[dict[str, str]]], list[dict[str, str]]]:
+    """What turns a row's messages into the prompt the model sees, in training and in evaluation alike: the
+    configuration's ``system_prompt`` first (unless the row starts with a system message of its own), then its
+    ``few_shot`` solved examples (:func:`few_shot_turns`), then the row's own messages."""
+    system = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+    shots = few_shot_turns(config.few_shot, config.train_levels) if config.few_shot else []
+
+    def render(messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+        own = list(messages[:1]) if messages and messages[0].get("role") == "system" else []
+        return (own or system) + shots + list(messages[len(own):])
+
+    return render
+
+
+def read_chat_rows(path: Path) -> list[dict[str, Any]] | None:
+    """The rows of a jsonl file in TRL's conversational format (``prompt``: a list of ``{"role", "content"}``
+    messages ending with the user's, ``answer``: the reference answer), or None when its first row is not one.
+
+    Raises:
+        ConfigError: a row that starts like a chat row but is not one, naming the file, the line and the fix.
+    """
+    def parse(line: str) -> Any:
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            return None
+
+    lines = [(i, parse(line)) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if not lines or not isinstance(lines[0][1], dict) or not isinstance(lines[0][1].get("prompt"), list):
+        return None  # not chat rows: load_benchmark reads (or refuses) the file
+    rows = []
+    for i, row in lines:
+        row = row if isinstance(row, dict) else {}
+        msgs, answer = row.get("prompt"), row.get("answer")
+        ok = (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                      and m.get("role") in ("system", "user", "assistant")
+                                                      for m in msgs) and msgs[-1]["role"] == "user")
+        if not ok or not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+            raise ConfigError(f"{path}:{i}: a chat row needs 'prompt', a list of {{'role', 'content'}} messages "
+                              "(roles system, user, assistant) that ends with the user's, and 'answer', the "
+                              f"reference answer as a string; got keys {sorted(row)}")
+        rows.append({"id": str(row.get("id", f"{path.stem}-{i - 1}")), "prompt": msgs, "answer": str(answer)})
+    return rows
+
+
 def check_levels(config: DPPOConfig) -> None:
     """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-6; level 6
     is beyond the tiny model's reach, :data:`dppo_core.tasks.EXTRA_LEVELS`)."""
@@ -87,12 +146,17 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
         if path.suffix == ".jsonl" and not path.is_file():  # the training data, named as the setting that gave it
             raise ConfigError(f"task={config.task!r} does not exist; give the path of a .jsonl file of problem/answer "
                               f"rows, a benchmark name ({', '.join(BENCHMARKS)}), or task='arithmetic'")
-        records = load_benchmark(config.task)
-        if not records:
+        chat = read_chat_rows(path) if path.suffix == ".jsonl" else None
+        records = load_benchmark(config.task) if chat is None else []
+        if chat is None and not records:
             raise ConfigError(f"task={config.task!r} has no rows; give a jsonl file with at least one "
                               "problem/answer row, or task='arithmetic'")
-        rows = [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer} for r in records]
+        rows = chat or [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer}
+                        for r in records]
         source = PromptSource(rows)
+    render = prompt_renderer(config)
+    if config.system_prompt or config.few_shot:
+        source = PromptSource([{**r, "prompt": render(r["prompt"])} for r in source.rows], source.weights)
     return source.pool(config.train_pool_size) if config.train_pool_size is not None else source
 
 

@@ -1,6 +1,8 @@
 """Evaluation: accuracy on the embedded task per level, with its standard error.
 
-Accuracy is the share of completions whose boxed answer equals the problem's answer. With k samples per
+Accuracy is the share of completions whose final answer is the problem's, read by the training reward's own rule
+(:func:`dppo_core.rewards.math_rewards`, strict: the last ``\\boxed{}``, else ``#### N``, else "the answer is
+..."), so what a run is rewarded for and what its evaluation counts are the same. With k samples per
 problem it is pass@1 averaged over the k samples. The standard error treats problems as the sampling unit
 (samples of one problem are correlated): ``se = std(per-problem accuracy) / sqrt(n_problems)``.
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from dppo_core.config import DPPOConfig
 
 from dppo_core.rollout import SamplingConfig
-from dppo_core.tasks import ArithmeticTask, Problem, parse_boxed_int, uses_steps
+from dppo_core.tasks import ArithmeticTask, Problem, uses_steps
 
 
 @dataclass
@@ -82,6 +84,7 @@ def evaluate_task(
     keep_completions: bool = False,
     progress: bool = False,
     chunk_size: int = 64,
+    render: Callable[[list[dict[str, str]]], list[dict[str, str]]] | None = None,
 ) -> TaskEvaluation:
     """Evaluate a rollout engine on the embedded task's test problems.
 
@@ -93,8 +96,12 @@ def evaluate_task(
         temperature: 0 for greedy decoding, 1 for the policy's own sampling distribution.
         progress: show a progress bar where stderr is a terminal (problems are sent to the engine ``chunk_size``
             at a time).
+        render: turns a problem's messages into the prompt (:func:`dppo_core.data.prompt_renderer`: a system
+            prompt, solved examples); default: the problem's own one-message conversation.
     """
     from tqdm.auto import tqdm
+
+    from dppo_core.rewards import math_rewards
 
     if problems is None:
         problems = ArithmeticTask().test_set(n_per_level)
@@ -105,15 +112,18 @@ def evaluate_task(
             chunk = problems[start : start + chunk_size]
             # a distinct, reproducible seed per chunk, so results do not depend on the chunking alone
             sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature, seed=seed * 1_000_003 + start)
-            groups.extend(engine.generate([p.messages() for p in chunk], samples_per_problem, sampling).groups)
+            prompts = [render(p.messages()) if render else p.messages() for p in chunk]
+            groups.extend(engine.generate(prompts, samples_per_problem, sampling).groups)
             bar.update(len(chunk))
     per_level: dict[int, list[list[float]]] = {}
     steps: dict[int, list[float]] = {}
     completions = []
+    rewards = iter(math_rewards([c.text for g in groups for c in g.completions],
+                                [str(p.answer) for p, g in zip(problems, groups, strict=True) for _ in g.completions]))
     for p, group in zip(problems, groups, strict=True):
         scores = []
         for c in group.completions:
-            correct = float(parse_boxed_int(c.text) == p.answer)
+            correct = next(rewards)
             scores.append(correct)
             steps.setdefault(p.level, []).append(float(uses_steps(c.text)))
             if keep_completions:
@@ -360,14 +370,17 @@ def evaluate_policy(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequ
 
 
 def _task_record(config: DPPOConfig, engine: Any, step: int, progress: bool = False) -> dict[str, Any]:
+    from dppo_core.data import prompt_renderer
+
     c = config
     levels = c.eval_levels or c.train_levels
     task = ArithmeticTask(levels)  # built once per evaluation, not once per level
     problems = [p for lvl in levels for p in task.test(lvl, c.eval_problems_per_level)]
+    render = prompt_renderer(c)  # the prompts as training renders them: a system prompt, worked examples
     greedy = evaluate_task(engine, problems, temperature=0.0, max_tokens=c.max_completion_length, seed=c.seed,
-                           progress=progress)
+                           progress=progress, render=render)
     sampled = evaluate_task(engine, problems, temperature=1.0, samples_per_problem=c.eval_samples,
-                            max_tokens=c.max_completion_length, seed=c.seed, progress=progress)
+                            max_tokens=c.max_completion_length, seed=c.seed, progress=progress, render=render)
     record: dict[str, Any] = {"step": step}
     trained = [lvl for lvl in c.train_levels if lvl in levels] or list(levels)
     for name, ev in (("greedy", greedy), ("sampled", sampled)):

@@ -25,7 +25,8 @@ Every problem has two reference solutions: a *direct* one (only ``\\boxed{answer
 that splits the work into easier sub-operations before boxing the answer, e.g.
 ``75+72: 75+70=145. 145+2=147. \\boxed{147}``. Level 1 has nothing to split: its worked solution writes
 its one step out (``7+5: 7+5=12. \\boxed{12}``), so every level has both styles and a policy that learns to
-show its work on the hard levels has a reliable worked form on the easy one too.
+show its work on the hard levels has a reliable worked form on the easy one too. (A third form, the *equation*
+``75+72=147. \\boxed{147}``, is what a pretrained model is shown as a solved example: ``few_shot``.)
 
 The train/test split is a pure function of the problem text (a stable hash), so it is the same on every
 machine and for every seed; test problems are never used for training.
@@ -48,7 +49,7 @@ ALL_LEVELS: tuple[int, ...] = LEVELS + EXTRA_LEVELS
 TEST_FRACTION = 0.2
 #: The instruction appended to every question; asks for the answer in ``\boxed{}``.
 INSTRUCTION = "Put the final answer in \\boxed{}."
-SOLUTION_STYLES = ("direct", "steps")
+SOLUTION_STYLES = ("direct", "steps", "equation")
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,16 @@ class Problem:
         return [{"role": "user", "content": self.prompt}]
 
     def solution(self, style: str = "steps") -> str:
-        """A reference completion: ``"direct"`` (just the boxed answer) or ``"steps"`` (worked steps)."""
+        """A reference completion: ``"direct"`` (just the boxed answer), ``"steps"`` (worked steps) or
+        ``"equation"`` (the question, its value and the boxed answer: ``75+72=147. \\boxed{147}``, the form a
+        pretrained model imitates from one example; :func:`dppo_core.data.few_shot_turns`)."""
         if style not in SOLUTION_STYLES:
             raise ValueError(f"style must be one of {SOLUTION_STYLES}, got {style!r}")
         boxed = f"\\boxed{{{self.answer}}}"
         if style == "direct":
             return boxed
+        if style == "equation":
+            return f"{self.question}={self.answer}. {boxed}"
         steps = _worked_steps(self)
         return f"{self.question}: {' '.join(steps)} {boxed}" if steps else boxed
 

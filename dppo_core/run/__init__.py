@@ -135,6 +135,8 @@ class Run:
         self.output_dir = Path(config.output_dir)
         if config.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
         # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see dppo_core.distributed
         self.dist = init_distributed(config.device)
         self.progress = progress and self.dist.is_main

