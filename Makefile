@@ -31,6 +31,13 @@ PERTURBED_ATEN := $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && ech
 PERTURBED := ATEN_CPU_CAPABILITY=$(PERTURBED_ATEN) MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 \
 	DPPO_CACHE_DIR=$(CURDIR)/.cache/dppo-perturbed
 NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
+# `make test` runs each setting in TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: one process). --dist loadfile
+# keeps a file's tests in one worker (a chapter's cells run in order in one kernel, a module's fixtures are built
+# once); tests/conftest.py hands out the longest files first (tests/durations.json) and has the workers' threads
+# sleep rather than spin while they wait (OMP_WAIT_POLICY=PASSIVE).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+TEST_ARGS ?=
 
 .PHONY: setup demo test test-perturbed test-fast test-colab test-verl dist lint hooks notebooks clean
 
@@ -46,13 +53,13 @@ demo: setup
 test:
 	DPPO_SETUP_BROWSER=1 bash scripts/setup.sh
 	$(PY) -m dppo_core build
-	$(PY) -m pytest tests notebooks $(NBVAL)
+	$(PY) -m pytest $(XDIST) tests $(TEST_ARGS)
 	$(MAKE) --no-print-directory test-perturbed
 
 # The tests that compare numbers, and every chapter, under the second kernel setting alone.
 test-perturbed: setup
 	env $(PERTURBED) $(PY) -m dppo_core build
-	env $(PERTURBED) $(PY) -m pytest -m numerics tests notebooks $(NBVAL)
+	env $(PERTURBED) $(PY) -m pytest $(XDIST) -m numerics tests notebooks $(NBVAL) $(TEST_ARGS)
 
 # The tiers of tests/ (each a folder; tests/conftest.py and tests/helpers/ serve them all):
 #   tests/unit    pure functions and small tensors: no model run, no engine, no training subprocess

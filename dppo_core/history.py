@@ -5,6 +5,7 @@ in checkpoints.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -32,6 +33,18 @@ class PromptRecord:
     def degenerate(self) -> bool:
         """All G rewards were equal: the group gave no learning signal (A = 0 everywhere)."""
         return self.reward_std == 0.0
+
+
+@functools.lru_cache(maxsize=16)
+def _beta_binomial_grid(group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`PromptHistory.fitted_prior`'s grid of (a, b) and log P(k | a, b) under Beta-binomial(G, a, b), k = 0..G,
+    without the binomial coefficient (constant in a, b). The same for every call with this G: computed once (read,
+    never written, by the callers)."""
+    grid = torch.logspace(math.log10(0.02), math.log10(50.0), 80, dtype=torch.float64)
+    a, b, k = grid[:, None, None], grid[None, :, None], torch.arange(group_size + 1, dtype=torch.float64)
+    log_p = (torch.lgamma(k + a) + torch.lgamma(group_size - k + b) - torch.lgamma(group_size + a + b)
+             - torch.lgamma(a) - torch.lgamma(b) + torch.lgamma(a + b))
+    return grid, log_p
 
 
 class PromptHistory:
@@ -120,11 +133,7 @@ class PromptHistory:
         counts = self.pass_counts(group_size)
         if counts.sum() < MIN_PRIOR_GROUPS:
             return 1.0, 1.0
-        grid = torch.logspace(math.log10(0.02), math.log10(50.0), 80, dtype=torch.float64)
-        a, b, k = grid[:, None, None], grid[None, :, None], torch.arange(group_size + 1, dtype=torch.float64)
-        # log P(k) under Beta-binomial(G, a, b) without the binomial coefficient (constant in a, b)
-        log_p = (torch.lgamma(k + a) + torch.lgamma(group_size - k + b) - torch.lgamma(group_size + a + b)
-                 - torch.lgamma(a) - torch.lgamma(b) + torch.lgamma(a + b))
+        grid, log_p = _beta_binomial_grid(group_size)
         i, j = divmod(int((log_p * counts).sum(-1).argmax()), grid.numel())
         return float(grid[i]), float(grid[j])
 

@@ -3,12 +3,23 @@ notebooks and the demo build each one once; without it, into a per-session tempo
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
-import pytest
-import torch
+# `make test` runs the suite in two pytest-xdist workers (the Makefile's TEST_WORKERS), each with PyTorch's own
+# thread count (two on a 2-core machine: the count the pinned records were made with). Two processes of two threads
+# on two cores stall in OpenMP's thread barriers, where a waiting thread spins on the core the other process needs
+# (60 warm-start steps: 37 s alone, 128 s each side by side); told to sleep instead (OMP_WAIT_POLICY=PASSIVE, which
+# changes no result), they take 61 s each. Set before torch loads; the chapters' kernels and every process a test
+# starts inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,9 +100,45 @@ def _deterministic():
     yield
 
 
+# Each test file's seconds in a recent `make test` (setup, call and teardown summed, in two workers; a file that runs
+# under both kernel settings has its second setting's), written by `make test TEST_ARGS="--record-durations
+# tests/durations.json"`. Under pytest-xdist a file's tests run in one worker (--dist loadfile) and files are handed
+# out in collection order, so the workers collect the longest file first: no long file is left for the end while the
+# other worker waits. A file not in the table goes first (it may be long); a stale table costs time, never a test.
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH",
+                     help="write each test file's seconds (setup, call and teardown summed) into PATH, a JSON "
+                          "table (the files this run ran replace their entries); tests/durations.json, written "
+                          "so, orders the files under pytest-xdist")
+
+
+def pytest_configure(config):
+    if config.getoption("--record-durations", None) and not hasattr(config, "workerinput"):  # not in a worker
+        config.pluginmanager.register(_DurationRecorder(Path(config.getoption("--record-durations"))))
+
+
+class _DurationRecorder:
+    def __init__(self, path: Path):
+        self.path, self.seconds = path, Counter()
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid.split("::")[0]] += report.duration
+
+    def pytest_sessionfinish(self):
+        table = json.loads(self.path.read_text()) if self.path.exists() else {}
+        table.update((name, round(s, 1)) for name, s in self.seconds.items())
+        self.path.write_text(json.dumps(dict(sorted(table.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
     """Every chapter's cells compare stored outputs (nbval): they count as `numerics`, so `make test` runs them
-    under its second kernel setting too."""
+    under its second kernel setting too. In an xdist worker, the longest files first (DURATIONS)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.numerics)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], float("inf")))  # stable: in-file order

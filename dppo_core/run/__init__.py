@@ -135,8 +135,8 @@ class Run:
         self.output_dir = Path(config.output_dir)
         if config.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        if config.cpu_threads is not None:
-            torch.set_num_threads(config.cpu_threads)
+        if config.cpu_threads is not None:  # torch._C's: a vLLM CPU engine started in this process replaces
+            torch._C.set_num_threads(config.cpu_threads)  # torch.set_num_threads with a no-op that only warns
         # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see dppo_core.distributed
         self.dist = init_distributed(config.device)
         self.progress = progress and self.dist.is_main

@@ -475,7 +475,7 @@ def test_a_run_trains_and_evaluates_on_its_system_prompt_and_solved_example(smal
         trainer.engine.generate = lambda prompts, *a, **k: (sent.append(list(prompts)), generate(prompts, *a, **k))[1]
         trainer.train()
     finally:
-        torch.set_num_threads(before)
+        torch._C.set_num_threads(before)  # torch._C: see dppo_core.run
     head = prompt_renderer(config)([])
     assert [m["role"] for m in head] == ["system", "user", "assistant"]
     assert len(sent) == 5  # evaluation at step 0 (greedy, sampled), the step's rollout, the final evaluation

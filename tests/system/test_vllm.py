@@ -264,6 +264,24 @@ def test_the_trainer_corrects_vllm_rollouts_by_default(engine, base, tiny_model_
     assert math.isfinite(record["loss"]) and record["tokens_trained"] > 0
 
 
+def test_cpu_threads_holds_after_an_engine_started_in_this_process(engine, tiny_model_dir, tmp_path):
+    """vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op (it warns) once its engine has started in
+    the process; a run's ``cpu_threads`` still sets PyTorch's threads (a suite that ran this file first saw 2)."""
+    import torch
+
+    from dppo_core.config import DPPOConfig
+    from dppo_core.trainer import DPPOTrainer
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    try:
+        DPPOTrainer(DPPOConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), cpu_threads=wanted, max_steps=1,
+                               save_steps=0), progress=False)
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch._C.set_num_threads(before)
+
+
 def test_the_trainer_runs_a_pilot_on_vllm(engine, base, tiny_model_dir, tmp_path):
     """Pilot, then continue, on vLLM: two generation calls in a step (k completions per prompt, then G - k for the
     continued groups), whole groups of G trained, the stopped groups' pilots logged."""
