@@ -23,8 +23,8 @@ endif
 # product), and on a CPU with AVX-512 PyTorch's own kernels at AVX-512 (softmax, for one; what an unpinned Intel
 # machine runs). It stands in for another machine: the tests marked `numerics` (each test whose outcome can depend on
 # a floating-point kernel: a model's forward, training, a softmax or long float32 sums; not the exact, integer or
-# float64 checks, which it cannot change) and every chapter under nbval must pass under it too, with a model cache
-# of its own (as a fresh machine builds its own models).
+# float64 checks, which it cannot change) must pass under it too, and every chapter under nbval runs under it (only
+# there: docs/testing.md says why), with a model cache of its own (as a fresh machine builds its own models).
 # (Not ATEN_CPU_CAPABILITY=default: with it, torch.compile's C++ code for vLLM's CPU engine fails to build.)
 PERTURBED_ATEN := $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),avx512,\
 	$(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes),avx2,default))
@@ -49,7 +49,8 @@ demo: setup
 
 # The warm-started tiny model ships with the package (copied into the cache at first use): notebooks use it.
 # (setup with DPPO_SETUP_BROWSER=1 also makes sure Chromium is there for tests/course/test_browser.py.)
-# Then the numerics tests and the chapters again under the second kernel setting (test-perturbed).
+# Then the numerics tests again, and every chapter under nbval, under the second kernel setting (test-perturbed): the
+# chapters run there only, as nbval compares the same stored outputs under either setting (docs/testing.md says why).
 test:
 	DPPO_SETUP_BROWSER=1 bash scripts/setup.sh
 	$(PY) -m dppo_core build
@@ -66,10 +67,10 @@ test-perturbed: setup
 #   tests/system  runs: models, engines, trainer steps, crash/resume, integrations (TRL, torchrun), CLI runs, benches
 #   tests/course  the chapters: their checks, the solutions, the course tools, the browser test
 #   tests/repo    the repository itself: packaging, README and docs, committed results, commit subjects, setup script
-# `make test` runs them all (and the chapters under nbval); `make test-fast`, the inner loop while developing, runs
-# unit and repo (a few minutes on 2 cores, no model built).
+# `make test` runs them all (and the chapters under nbval, under the second setting); `make test-fast`, the inner
+# loop while developing, runs unit and repo (a few minutes on 2 cores, no model built).
 test-fast: setup
-	$(PY) -m pytest tests/unit tests/repo
+	$(PY) -m pytest $(XDIST) tests/unit tests/repo $(TEST_ARGS)
 
 # The course install as Colab or a workshop laptop gets it: the wheel with the course extra only, into a fresh
 # environment that already has another torch (2.12), then every chapter top to bottom outside the clone, network

@@ -6,8 +6,9 @@
     .venv/bin/python scripts/time_notebooks.py --no-readme       # only print the table
 
 `make notebooks` runs it with --write-outputs under the Makefile's kernel settings (ATEN_CPU_CAPABILITY,
-MKL_CBWR, ONEDNN_MAX_CPU_ISA), the first of the two settings `make test` runs the chapters under: the outputs nbval
-compares hold under both (and on other CPUs); those it ignores (timings, chaotic numbers) are this machine's.
+MKL_CBWR, ONEDNN_MAX_CPU_ISA), the first of `make test`'s two settings (which runs the chapters under its second): the
+outputs nbval compares hold under both (and on other CPUs); those it ignores (timings, chaotic numbers) are this
+machine's.
 
 Each notebook runs in a fresh kernel (nbclient, which jupyterlab's nbconvert brings) with the working
 directory notebooks/, as JupyterLab and nbval run it. The warm-started model ships with the package, so the

@@ -100,45 +100,54 @@ def _deterministic():
     yield
 
 
-# Each test file's seconds in a recent `make test` (setup, call and teardown summed, in two workers; a file that runs
-# under both kernel settings has its second setting's), written by `make test TEST_ARGS="--record-durations
-# tests/durations.json"`. Under pytest-xdist a file's tests run in one worker (--dist loadfile) and files are handed
-# out in collection order, so the workers collect the longest file first: no long file is left for the end while the
-# other worker waits. A file not in the table goes first (it may be long); a stale table costs time, never a test.
+# Each test file's seconds in a recent `make test` (setup, call and teardown summed, in two workers), one table per
+# selection (`-m` expression: "all" for the first setting's whole run, "numerics" for the second's), written by
+# `make test TEST_ARGS="--record-durations tests/durations.json"`. Under pytest-xdist a file's tests run in one worker
+# (--dist loadfile) and files are handed out in collection order, so the workers collect the longest file first: no
+# long file is left for the end while the other worker waits. A file not in the table goes first (it may be long); a
+# stale table costs time, never a test.
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
+
+
+def _selection(config) -> str:
+    return config.getoption("markexpr", "") or "all"
 
 
 def pytest_addoption(parser):
     parser.addoption("--record-durations", metavar="PATH",
-                     help="write each test file's seconds (setup, call and teardown summed) into PATH, a JSON "
-                          "table (the files this run ran replace their entries); tests/durations.json, written "
+                     help="write each test file's seconds (setup, call and teardown summed) into PATH, a JSON table "
+                          "per -m selection (this run's replaces its files' entries); tests/durations.json, written "
                           "so, orders the files under pytest-xdist")
 
 
 def pytest_configure(config):
     if config.getoption("--record-durations", None) and not hasattr(config, "workerinput"):  # not in a worker
-        config.pluginmanager.register(_DurationRecorder(Path(config.getoption("--record-durations"))))
+        config.pluginmanager.register(_DurationRecorder(Path(config.getoption("--record-durations")),
+                                                        _selection(config)))
 
 
 class _DurationRecorder:
-    def __init__(self, path: Path):
-        self.path, self.seconds = path, Counter()
+    def __init__(self, path: Path, selection: str):
+        self.path, self.selection, self.seconds = path, selection, Counter()
 
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid.split("::")[0]] += report.duration
 
     def pytest_sessionfinish(self):
-        table = json.loads(self.path.read_text()) if self.path.exists() else {}
+        tables = json.loads(self.path.read_text()) if self.path.exists() else {}
+        table = tables.setdefault(self.selection, {})
         table.update((name, round(s, 1)) for name, s in self.seconds.items())
-        self.path.write_text(json.dumps(dict(sorted(table.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+        tables[self.selection] = dict(sorted(table.items(), key=lambda kv: -kv[1]))
+        self.path.write_text(json.dumps(tables, indent=1) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every chapter's cells compare stored outputs (nbval): they count as `numerics`, so `make test` runs them
-    under its second kernel setting too. In an xdist worker, the longest files first (DURATIONS)."""
+    """Every chapter's cells compare stored outputs (nbval): they count as `numerics`, so `make test-perturbed` (the
+    second half of `make test`) runs them under the second kernel setting. In an xdist worker: the longest files
+    first (DURATIONS)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.numerics)
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        seconds = (json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}).get(_selection(config), {})
         items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], float("inf")))  # stable: in-file order

@@ -47,13 +47,14 @@ SOLUTIONS = Path(__file__).resolve().parents[1] / "assets" / "course" / "solutio
 RESULTS = Path(__file__).resolve().parents[1] / "assets" / "course" / "results"
 
 # The Makefile's pins (tests/course/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
-# AVX2, so that a chapter runs with the kernels `make test` runs it with. Pins narrow the differences between CPUs
-# without removing them; the outputs the tests compare do not depend on them.
+# AVX2, so that a chapter runs with the kernels `make notebooks` stored its outputs with. Pins narrow the
+# differences between CPUs without removing them; the outputs the tests compare do not depend on them.
 CPU_KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """Pin the CPU kernels as ``make`` does: a notebook opened with plain ``jupyter lab`` runs as ``make test`` runs it.
+    """Pin the CPU kernels as the Makefile does: a chapter opened with plain ``jupyter lab`` runs as it ran when
+    ``make notebooks`` stored its outputs.
 
     Each chapter calls it in its first code cell, before anything imports torch: the pins are read when the
     libraries load. Only on a CPU with AVX2 (read from ``cpuinfo``; elsewhere, ARM or macOS, nothing is set); a
