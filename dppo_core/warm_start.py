@@ -248,8 +248,6 @@ def warm_start(
     target = cache / warm_start_name(config, model_config)
     if target.exists() and (target / "config.json").exists() and not force:
         return target
-    if force and target.exists():
-        shutil.rmtree(target)
     if not force and shipped_warm_start_name() == target.name:
         def copy(tmp: Path) -> None:
             for name in SHIPPED_FILES:
@@ -272,4 +270,4 @@ def warm_start(
                 "config": asdict(config), "kernels": kernel_fingerprint(), "loss": history}
         (tmp / "warm_start_log.json").write_text(json.dumps(meta))
 
-    return atomic_dir(target, write)
+    return atomic_dir(target, write, replace=force)
