@@ -12,9 +12,9 @@ from pathlib import Path
 # `make test` runs the suite in two pytest-xdist workers (the Makefile's TEST_WORKERS), each with PyTorch's own
 # thread count (two on a 2-core machine: the count the pinned records were made with). Two processes of two threads
 # on two cores stall in OpenMP's thread barriers, where a waiting thread spins on the core the other process needs
-# (60 warm-start steps: 37 s alone, 128 s each side by side); told to sleep instead (OMP_WAIT_POLICY=PASSIVE, which
-# changes no result), they take 61 s each. Set before torch loads; the chapters' kernels and every process a test
-# starts inherit it.
+# (60 warm-start steps: 39 s alone, 175 s each side by side with spinning threads); told to sleep instead
+# (OMP_WAIT_POLICY=PASSIVE, which changes no result), they take 60 s each (benchmarks/suite_probes.py threads). Set
+# before torch loads; the chapters' kernels and every process a test starts inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
