@@ -182,9 +182,16 @@ def learning_rate_schedule(config: WarmStartConfig) -> DPPOConfig:
 
 
 def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig, *, progress: bool = True,
-                     log: Callable[[dict], None] | None = None) -> list[float]:
+                     log: Callable[[dict], None] | None = None, until: int | None = None) -> list[float]:
     """:func:`warm_start`'s training, in place on ``model``: ``config.steps`` AdamW steps on packed worked or
-    direct solutions; returns the loss of every step (rounded to 5 decimals). Leaves ``model`` in eval mode."""
+    direct solutions; returns the loss of every step (rounded to 5 decimals). Leaves ``model`` in eval mode.
+
+    ``until``: stop after the first ``until`` steps of that run (the same data, learning rates and weights as the
+    whole run's first steps, which a shorter ``config.steps`` would not give: the cosine schedule spans
+    ``config.steps``). The start of a rebuild, to compare with a recorded loss curve in seconds rather than minutes.
+    """
+    if until is not None and not 0 < until <= config.steps:
+        raise ValueError(f"until={until!r} must be a step count in 1..{config.steps} (config.steps)")
     from tqdm.auto import tqdm
 
     model.train()
@@ -198,7 +205,8 @@ def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig,
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        bar = tqdm(range(config.steps), desc="warm start", disable=None if progress else True, mininterval=1.0)
+        bar = tqdm(range(until or config.steps), desc="warm start", disable=None if progress else True,
+                   mininterval=1.0)
         for step in bar:
             problems = task.sample_train(rng, config.batch_size, config.level_weights)
             styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]
@@ -212,7 +220,7 @@ def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig,
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             history.append(round(loss.item(), 5))
-            if step % 20 == 0 or step == config.steps - 1:
+            if step % 20 == 0 or step == (until or config.steps) - 1:
                 bar.set_postfix(loss=f"{loss.item():.3f}")
                 if log is not None:
                     log({"step": step, "loss": loss.item(), "lr": learning_rate_at(step, schedule),

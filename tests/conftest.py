@@ -101,7 +101,7 @@ def _deterministic():
 
 
 # Each test file's seconds in a recent `make test` (setup, call and teardown summed, in two workers), one table per
-# selection (`-m` expression: "all" for the first setting's whole run, "numerics" for the second's), written by
+# selection (`-m` expression: "not rebuild" for the first setting's run, "numerics" for the second's), written by
 # `make test TEST_ARGS="--record-durations tests/durations.json"`. Under pytest-xdist a file's tests run in one worker
 # (--dist loadfile) and files are handed out in collection order, so the workers collect the longest file first: no
 # long file is left for the end while the other worker waits. A file not in the table goes first (it may be long); a

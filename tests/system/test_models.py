@@ -170,6 +170,32 @@ def test_the_default_warm_start_is_the_shipped_copy(tmp_path):
     assert warm_start_name(WarmStartConfig(steps=10)) != path.name == warm_start_name()
 
 
+#: the steps of the shipped recipe `make test` retrains (about 30 s on 2 cores); all 600 are `make test-rebuild`
+REBUILD_START_STEPS = 50
+
+
+@pytest.mark.numerics
+def test_the_start_of_a_rebuild_follows_the_shipped_loss_curve(cache_dir):
+    """The shipped recipe's first REBUILD_START_STEPS steps, from the same untrained model: on the recording CPU's
+    kernels the very losses the shipped run logged (a changed recipe, data, model or schedule shows at once), and on
+    any CPU a curve within REBUILD_LOSS_TRACKS of it. What a contributor's `make test` checks in seconds; the 600
+    steps and the weights bit for bit are the `rebuild` tests below (`make test-rebuild`, which CI runs)."""
+    from dppo_core.numerics import fingerprint_mismatch
+    from dppo_core.warm_start import SHIPPED_WARM_START, shipped_warm_start_name, train_warm_start, warm_start_name
+
+    shipped = json.loads((SHIPPED_WARM_START / "warm_start_log.json").read_text())
+    config = WarmStartConfig()
+    assert warm_start_name(config) == shipped_warm_start_name()  # the default recipe is the shipped one
+    model, tokenizer = load_model(build_tiny_model(TinyModelConfig(), cache_dir))
+    ours = train_warm_start(model, tokenizer, config, progress=False, until=REBUILD_START_STEPS)
+    recorded = shipped["loss"][:REBUILD_START_STEPS]
+    assert len(ours) == REBUILD_START_STEPS
+    ratio = sum(ours) / sum(recorded)
+    assert abs(ratio - 1) <= REBUILD_LOSS_TRACKS, f"first {len(ours)} steps: loss {ratio:.3f}x the shipped run's"
+    if not fingerprint_mismatch(shipped["kernels"]):
+        assert ours == recorded, "on the recording CPU's kernels the first steps' losses differ from the shipped run's"
+
+
 @pytest.fixture(scope="module")
 def rebuilt_warm_start(tmp_path_factory):
     """`warm_start(force=True)`: the shipped configuration trained here from scratch (a few minutes on 2 CPU
@@ -185,6 +211,7 @@ def _greedy_accuracy(path, n_per_level):
     return evaluate_task(HFRollout(model, tokenizer), n_per_level=n_per_level).levels
 
 
+@pytest.mark.rebuild
 @pytest.mark.slow
 def test_building_from_scratch_gives_a_model_that_learned_as_the_shipped_one(rebuilt_warm_start):
     """On any CPU. The warm start's 600 AdamW steps are chaotic in the last bits: another CPU's kernels round
@@ -215,6 +242,7 @@ def test_building_from_scratch_gives_a_model_that_learned_as_the_shipped_one(reb
     assert ours_mean >= REBUILD_ACCURACY_RATIO * shipped_mean, f"greedy accuracy rebuilt/shipped: {per_level}"
 
 
+@pytest.mark.rebuild
 @pytest.mark.slow
 def test_building_from_scratch_reproduces_the_shipped_weights_on_the_recording_cpu(rebuilt_warm_start):
     """Bit for bit, only where the kernel fingerprint is the one recorded with the shipped model (its vendor,
