@@ -1,6 +1,6 @@
 # The two commands a newcomer needs (each does its own setup):
 #   make demo   run the main job on the embedded tiny model and task
-#   make test   run the whole test suite, notebooks included
+#   make test   run the test suite, notebooks included (all but the warm start's rebuild: make test-rebuild)
 PY := .venv/bin/python
 # Models built by the demo, the tests and the notebooks are cached here (shared, so each is built once).
 export DPPO_CACHE_DIR ?= $(CURDIR)/.cache/dppo
@@ -58,7 +58,7 @@ test:
 	$(PY) -m pytest $(XDIST) -m "not rebuild" tests $(TEST_ARGS)
 	$(MAKE) --no-print-directory test-perturbed
 
-# The shipped warm start rebuilt from scratch, 600 steps (about 5 minutes on 2 cores): it learns as the shipped run
+# The shipped warm start rebuilt from scratch, 600 steps (about 5.5 minutes on 2 cores): it learns as the shipped run
 # did, and on the recording CPU's kernels it is the shipped weights bit for bit. CI runs it after `make test`; `make
 # test` checks the rebuild's first 50 steps against the shipped loss curve (tests/system/test_models.py).
 test-rebuild: setup

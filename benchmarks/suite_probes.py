@@ -2,19 +2,25 @@
 
     python benchmarks/suite_probes.py threads   # 60 warm-start steps: alone, and two side by side three ways
     python benchmarks/suite_probes.py mkl       # which MKL settings change a matrix product's bits on this CPU
+    python benchmarks/suite_probes.py prefix    # what the warm start's first 50 steps see of a changed recipe
 
 Run under the Makefile's pins (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2), nothing else
-running. Results: benchmarks/results/suite_probes/<probe>.json.
+running. Results: benchmarks/results/suite_probes/<probe>.json. The prefix probe under the second kernel setting too:
+
+    ATEN_CPU_CAPABILITY=avx512 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 python benchmarks/suite_probes.py prefix \
+        --output benchmarks/results/suite_probes/prefix-second-setting.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,19 +81,70 @@ def mkl() -> dict:
     return {"matmul_hash": hashes, "changes_the_bits": {k: v != first for k, v in hashes.items()}}
 
 
+def prefix(steps: int) -> dict:
+    """`make test`'s stand-in for the 600-step rebuild (tests/system/test_models.py): the shipped recipe's first
+    `steps` steps against the shipped loss log, as shipped and with changes to what the recipe's configuration does
+    not name (so the shipped copy's name still matches): per variant, the first step whose logged loss differs and
+    how many do."""
+    from unittest import mock
+
+    import torch
+
+    from dppo_core import warm_start as ws
+    from dppo_core.config import DPPOConfig
+    from dppo_core.models import TinyModelConfig, build_tiny_model, load_model
+
+    shipped = json.loads((ws.SHIPPED_WARM_START / "warm_start_log.json").read_text())["loss"][:steps]
+    adamw, clip = torch.optim.AdamW, torch.nn.utils.clip_grad_norm_
+    base = build_tiny_model(TinyModelConfig(), tempfile.mkdtemp())
+
+    def floor_5_percent(c):
+        return DPPOConfig(learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, max_steps=c.steps,
+                          lr_schedule="cosine", min_lr_ratio=0.05)
+
+    variants = {
+        "as shipped": {},
+        "the schedule's floor 5% of the peak, not 10%": {
+            "dppo_core.warm_start.learning_rate_schedule": floor_5_percent},
+        "AdamW betas (0.9, 0.999), not (0.9, 0.95)": {
+            "torch.optim.AdamW": lambda params, **kw: adamw(params, **{**kw, "betas": (0.9, 0.999)})},
+        "gradients clipped at norm 0.5, not 1": {
+            "torch.nn.utils.clip_grad_norm_": lambda params, max_norm, **kw: clip(params, 0.5, **kw)},
+    }
+    out = {}
+    for name, patches in variants.items():
+        with contextlib.ExitStack() as stack:
+            for target, value in patches.items():
+                stack.enter_context(mock.patch(target, value))
+            model, tokenizer = load_model(base)
+            ours = ws.train_warm_start(model, tokenizer, ws.WarmStartConfig(), progress=False, until=steps)
+        differ = [i for i, (a, b) in enumerate(zip(ours, shipped, strict=True)) if a != b]
+        out[name] = {"first_differing_step": differ[0] if differ else None, "differing_steps": len(differ),
+                     "loss_ratio": round(sum(ours) / sum(shipped), 6)}
+    return {"steps": steps, "variants": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("probe", choices=["threads", "mkl"])
-    parser.add_argument("--steps", type=int, default=60, help="warm-start steps per process (threads)")
+    parser.add_argument("probe", choices=["threads", "mkl", "prefix"])
+    parser.add_argument("--steps", type=int, default=None,
+                        help="warm-start steps per process (threads: 60) or of the recipe's start (prefix: 50)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="default: benchmarks/results/suite_probes/<probe>.json")
     args = parser.parse_args()
     start = time.time()
-    result = threads(args.steps) if args.probe == "threads" else mkl()
+    if args.probe == "threads":
+        result = threads(args.steps or 60)
+    else:
+        result = mkl() if args.probe == "mkl" else prefix(args.steps or 50)
     import torch
 
     result.update(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
-                  command=f"python benchmarks/suite_probes.py {args.probe}", wall_s=round(time.time() - start))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.probe}.json").write_text(json.dumps(result, indent=2) + "\n")
+                  command=" ".join(["python benchmarks/suite_probes.py", *sys.argv[1:]]),
+                  kernels={k: os.environ.get(k) for k in PINS}, wall_s=round(time.time() - start))
+    output = args.output or OUT / f"{args.probe}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

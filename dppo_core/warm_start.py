@@ -14,9 +14,10 @@ bits on another CPU's kernels). It was built by
 :func:`~dppo_core.numerics.kernel_fingerprint`. Its 600 AdamW steps are chaotic in the last bits: rebuilt on
 another CPU, even under the same pins, the weights differ (by up to 0.2 on an Intel CPU with AVX-512) and the model
 is another one (greedy accuracy 0.51 against the shipped model's 0.70 there): which is why the weights ship.
-``tests/system/test_models.py`` rebuilds it from scratch and checks that it learned as the shipped run did (the loss
-curve, the mean greedy accuracy; ``benchmarks/warm_start_rebuild.py`` measures both), and its weights bit for bit
-only where the fingerprint matches the recorded one. ``force=True``
+``tests/system/test_models.py`` rebuilds it from scratch (``make test-rebuild``) and checks that it learned as the
+shipped run did (the loss curve, the mean greedy accuracy; ``benchmarks/warm_start_rebuild.py`` measures both), and
+its weights bit for bit only where the fingerprint matches the recorded one; ``make test`` retrains only the first
+50 steps (``train_warm_start(..., until=50)``) and compares their losses with the shipped log. ``force=True``
 (``dppo build --from-scratch``) always builds.
 
 The training packs examples first-fit (longest first) into rows of ``row_tokens`` (:func:`pack_examples`: not

@@ -117,6 +117,14 @@ def test_short_warm_start_lowers_the_loss_and_is_cached(tmp_path):
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
     assert warm_start(cfg, small, tmp_path, progress=False) == path  # cached
+    # the start of the same run, stopped early: the whole run's first steps (its schedule spans all 30)
+    from dppo_core.warm_start import train_warm_start
+
+    model, tokenizer = load_model(build_tiny_model(small, tmp_path))
+    assert train_warm_start(model, tokenizer, cfg, progress=False, until=10) == losses[:10]
+    for bad in (0, 31):
+        with pytest.raises(ValueError, match="until"):
+            train_warm_start(model, tokenizer, cfg, progress=False, until=bad)
     model = AutoModelForCausalLM.from_pretrained(path)
     batch = pack_examples([encode_example(AutoTokenizer.from_pretrained(path), p, p.solution("steps"))
                            for p in ArithmeticTask().test_set(2)], 256, 0)
