@@ -74,8 +74,9 @@ test-perturbed: setup
 #   tests/system  runs: models, engines, trainer steps, crash/resume, integrations (TRL, torchrun), CLI runs, benches
 #   tests/course  the chapters: their checks, the solutions, the course tools, the browser test
 #   tests/repo    the repository itself: packaging, README and docs, committed results, commit subjects, setup script
-# `make test` runs them all (and the chapters under nbval, under the second setting); `make test-fast`, the inner
-# loop while developing, runs unit and repo (a few minutes on 2 cores, no model built).
+# `make test` runs them all but the `rebuild` tests (`make test-rebuild`), and the chapters under nbval under the
+# second setting; `make test-fast`, the inner loop while developing, runs unit and repo (about a minute on 2 cores,
+# no model built). (An `-m` in TEST_ARGS replaces `make test`'s own: pytest keeps the last one.)
 test-fast: setup
 	$(PY) -m pytest $(XDIST) tests/unit tests/repo $(TEST_ARGS)
 

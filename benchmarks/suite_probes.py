@@ -141,7 +141,9 @@ def main() -> None:
 
     result.update(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
                   command=" ".join(["python benchmarks/suite_probes.py", *sys.argv[1:]]),
-                  kernels={k: os.environ.get(k) for k in PINS}, wall_s=round(time.time() - start))
+                  wall_s=round(time.time() - start))
+    if args.probe == "prefix":  # in this process, under the caller's kernel setting (the others set PINS themselves)
+        result["kernels"] = {k: os.environ.get(k) for k in PINS}
     output = args.output or OUT / f"{args.probe}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
