@@ -185,8 +185,9 @@ REBUILD_START_STEPS = 50
 @pytest.mark.numerics
 def test_the_start_of_a_rebuild_follows_the_shipped_loss_curve(cache_dir):
     """The shipped recipe's first REBUILD_START_STEPS steps, from the same untrained model: on the recording CPU's
-    kernels the very losses the shipped run logged (a changed recipe, data, model or schedule shows at once), and on
-    any CPU a curve within REBUILD_LOSS_TRACKS of it. What a contributor's `make test` checks in seconds; the 600
+    kernels the very losses the shipped run logged (a change to the recipe, data, model or schedule that acts this
+    early shows here: `python benchmarks/suite_probes.py prefix`), and on any CPU a curve within REBUILD_LOSS_TRACKS
+    of it. What a contributor's `make test` checks in seconds; the 600
     steps and the weights bit for bit are the `rebuild` tests below (`make test-rebuild`, which CI runs)."""
     from dppo_core.numerics import fingerprint_mismatch
     from dppo_core.warm_start import SHIPPED_WARM_START, shipped_warm_start_name, train_warm_start, warm_start_name
