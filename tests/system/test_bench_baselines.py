@@ -79,6 +79,33 @@ def test_dynamic_sampling_trains_only_mixed_groups_and_logs_every_group_it_rolle
             assert trainer.estimator.history.get(pid).degenerate == _all_equal(rewards), pid
 
 
+SCORED: list[int] = []
+
+
+def counted_half(prompts, completions, id, **columns):  # noqa: A002
+    SCORED.append(len(completions))
+    return constant_for_half(prompts, completions, id)
+
+
+def quarter(prompts, completions, **columns):
+    return [0.25] * len(completions)
+
+
+def test_dynamic_sampling_scores_each_completion_once_and_logs_each_functions_mean(small_model_dir, tmp_path):
+    """The step trains on groups its rounds scored: the reward functions are not called on them again, the rewards
+    are those of the rounds, and ``reward_<name>`` is each function's mean over the trained groups."""
+    SCORED.clear()
+    trainer = SpyDynamicSampling(_config(small_model_dir, tmp_path, max_steps=2), reward_funcs=[counted_half, quarter],
+                                 progress=False)
+    trainer.train()
+    steps = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
+    assert sum(SCORED) == sum(m["completions_rolled_out"] for m in steps)  # once each, in its round
+    for m, g, trained in zip(steps, read_groups(tmp_path), trainer.trained, strict=True):
+        assert all(r.tolist() in g["rewards"] for r in trained)  # groups.jsonl: every rolled-out group's rewards
+        assert m["reward_quarter"] == 0.25
+        assert m["reward_counted_half"] == pytest.approx(trained.mean().item() - 0.25)
+
+
 def test_dynamic_sampling_without_signal_stops_after_its_rounds_and_trains_nothing(small_model_dir, tmp_path):
     trainer = DynamicSampling(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
                               progress=False)
