@@ -56,7 +56,11 @@ def atomic_dir(target: Path, write: Callable[[Path], None], *, replace: bool = F
         if replace and target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.rename(target, old)
-            os.rename(tmp, target)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                os.rename(old, target)  # the old copy back in place, as if the rebuild had not run
+                raise
             shutil.rmtree(old, ignore_errors=True)
             return target
         try:

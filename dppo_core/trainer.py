@@ -183,10 +183,8 @@ class DPPOTrainer(Run):
 
     # --- the parts of one step --------------------------------------------------------------------
     def select_prompts(self, step: int, candidates: list[dict[str, Any]] | None = None) -> PromptSelection:
-        """The step's candidate window and which of its prompts to roll out (the estimator's ``select``).
-
-        ``candidates`` replaces the dataset's draw for this step (the window is then exactly these).
-        """
+        """The step's candidate window and which of its prompts to roll out (the estimator's ``select``);
+        ``candidates`` replaces the dataset's draw for this step (the window is then exactly these)."""
         k = self.config.prompts_per_step
         if candidates is None:
             stream = self.prompts.sample(self.config.seed, step, self.estimator.num_candidates(k))
@@ -270,15 +268,15 @@ class DPPOTrainer(Run):
         sel = cont.applied(selection)
         return PromptSelection(sel.indices, sel.probs, sel.window, [selection.rows[j] for j in cont.positions]), cont
 
-    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None
-              ) -> torch.Tensor:
+    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None,
+              parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Rewards of shape (P, n), n the batch's completions per prompt: the sum of the reward functions. ``means``,
-        when given, receives each function's mean (what the step logs as ``reward_<name>``)."""
+        when given, receives each function's mean (what the step logs as ``reward_<name>``); ``parts``, its (P, n)."""
         g = len(batch.groups[0].completions) if batch.groups else self.config.num_generations
         prompts = [r["prompt"] for r in rows for _ in range(g)]
         completions = [c.text for grp in batch.groups for c in grp.completions]
         columns = {k: [r[k] for r in rows for _ in range(g)] for k in rows[0] if k != "prompt"}
-        total = torch.zeros(len(completions))
+        total, parts = torch.zeros(len(completions)), {} if parts is None else parts
         for fn in self.reward_funcs:
             name = getattr(fn, "__name__", fn)
             try:
@@ -295,8 +293,9 @@ class DPPOTrainer(Run):
                 raise ValueError(f"reward function {name!r} returned a NaN or infinite score; return a finite "
                                  "float for every completion")
             total += values
-            if means is not None:
-                means[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.mean().item()
+            parts[f"reward_{getattr(fn, '__name__', 'fn')}"] = values.view(len(rows), g)
+        if means is not None:
+            means.update((key, values.mean().item()) for key, values in parts.items())
         return total.view(len(rows), g)
 
     def weigh(self, selection: Selection | None, rewards: torch.Tensor | None, lengths: torch.Tensor | None,

@@ -44,3 +44,22 @@ def test_a_forced_rebuild_replaces_the_old_copy_once_complete(tmp_path):
     assert atomic_dir(target, _writer("new"), replace=True) == target
     assert (target / "config.json").read_text() == "new" and not (target / "stale").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # nothing left beside it
+
+
+def test_a_forced_rebuild_that_cannot_move_in_puts_the_old_copy_back(tmp_path, monkeypatch):
+    import os
+
+    from dppo_core import model_files
+
+    target = atomic_dir(tmp_path / "model", _writer("old"))
+    real = os.rename
+
+    def rename(src, dst):
+        if str(src).startswith(str(tmp_path / ".model.")) and ".old-" not in str(src) and dst == target:
+            raise OSError("the new copy cannot move in")
+        return real(src, dst)
+
+    monkeypatch.setattr(model_files.os, "rename", rename)
+    with pytest.raises(OSError, match="cannot move in"):
+        atomic_dir(target, _writer("new"), replace=True)
+    assert (target / "config.json").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["model"]

@@ -130,7 +130,8 @@ class DynamicSampling(DPPOTrainer):
             t0 = time.perf_counter()
             rows, batch = super().rollout(step + 1_000_003 * (rounds - 1), rows)
             t1 = time.perf_counter()
-            rewards, parts = self._score_parts(rows, batch)
+            parts: dict[str, torch.Tensor] = {}
+            rewards = self.score(rows, batch, parts=parts)
             t_rollout, t_reward = t_rollout + t1 - t0, t_reward + time.perf_counter() - t1
             rolled, tokens = rolled + len(rows), tokens + batch.num_generated_tokens
             logged["ids"] += [prompt_key(r) for r in rows]
@@ -180,24 +181,8 @@ class DynamicSampling(DPPOTrainer):
         keep = pruning.sample_keep(probs, pruning.step_generator(self.config.seed, step, stage))
         return keep.nonzero().flatten().tolist()
 
-    def _score_parts(self, rows: list[dict[str, Any]], batch: RolloutBatch
-                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The rewards (P, G), as :meth:`score` adds them, and each reward function's own (P, G) by its log name
-        (``reward_<name>``): one call of each function."""
-        funcs, parts = self.reward_funcs, {}
-        try:
-            for fn in funcs:
-                self.reward_funcs = [fn]
-                parts[f"reward_{getattr(fn, '__name__', 'fn')}"] = super().score(rows, batch)
-        finally:
-            self.reward_funcs = funcs
-        total = torch.zeros(len(rows), len(batch.groups[0].completions))
-        for values in parts.values():
-            total += values  # in score's order, so the same floats
-        return total, parts
-
-    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None
-              ) -> torch.Tensor:
+    def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None,
+              parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """The step's batch was scored in its rounds: those rewards, and each function's mean over the batch."""
         if self._scored is not None and self._scored[0] is batch:
             _, rewards, fn_means = self._scored
@@ -205,7 +190,7 @@ class DynamicSampling(DPPOTrainer):
             if means is not None:
                 means.update(fn_means)
             return rewards
-        return super().score(rows, batch, means)
+        return super().score(rows, batch, means, parts)
 
     def rollout(self, step: int, rows: list[dict[str, Any]] | None = None, n: int | None = None, call: int = 0
                 ) -> tuple[list[dict[str, Any]], RolloutBatch]:
