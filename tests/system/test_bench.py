@@ -152,6 +152,16 @@ def test_smoke_every_method_ran_and_left_its_logs_and_plots(smoke):
     assert m["trl_dppo"]["tokens"]["trained"] < m["trl_dppo"]["tokens"]["generated"]
     assert m["trl_grpo"]["tokens"]["trained"] == m["trl_grpo"]["tokens"]["generated"]
     assert result["configs"]["trl_dppo"] == {**result["configs"]["dppo"], "packing": False, "dense_prompts": False}
+    # the rollout-budget methods and their batch-matched baseline rolled out the same prompts in every step, half of
+    # the others' 4 (dppo_budget's fixed-size draw keeps exactly round(4 x 0.5)), and are compared with it
+    assert result["batch_matched"] == {"dppo_budget": "grpo_skip_matched", "dppo_budget_pilot": "grpo_skip_matched",
+                                       "grpo_half": "grpo_skip_matched"}
+    for name in ("dppo_budget", "dppo_budget_pilot", "grpo_half", "grpo_skip_matched"):
+        assert m[name]["prompts_rolled_out"] == 2, name
+    assert m["grpo_skip"]["prompts_rolled_out"] == m["grpo"]["prompts_rolled_out"] == 4
+    assert set(result["speedup_vs"]["grpo_skip_matched"]) == {"grpo_skip_matched", *result["batch_matched"]}
+    assert set(result["target_sweep"]["grpo_skip_matched"]["dppo_budget"]["by_target"]) == {
+        "0.80", "0.85", "0.90", "0.92", "0.95", "0.97"}
 
 
 @pytest.mark.slow

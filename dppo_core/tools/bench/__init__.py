@@ -61,6 +61,7 @@ from dppo_core.tools.bench.evals import bench_evaluation
 from dppo_core.tools.bench.peers import TRL_INSTALL_HINT, TRL_PEERS, TRLPeer, require_trl, trl_grpo_args
 from dppo_core.tools.bench.plots import plot_bench
 from dppo_core.tools.bench.presets import (
+    BATCH_MATCHED,
     BENCH_PRESETS,
     CPU_BENCH_METHODS,
     CPU_BENCH_SETTING,
@@ -77,8 +78,11 @@ from dppo_core.tools.bench.presets import (
     BenchError,
     BenchPreset,
     bench_preset,
+    check_batch_matched,
+    check_batch_matched_methods,
     check_methods,
     describe_presets,
+    matched_prompts_per_step,
     method_config,
     method_lineage,
     method_settings,
@@ -117,13 +121,13 @@ from dppo_core.tools.bench.tables import (
 )
 
 __all__ = [
-    "BENCH_PRESETS", "BenchError", "BenchPreset", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING", "DEFAULT_METHODS",
-    "DERIVED_METHODS", "DPPO_PRUNING", "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES", "NOTES", "PHASES",
-    "README_MARKERS", "REFERENCE_METHODS", "TARGET_FRACTION", "TRLPeer", "TRL_INSTALL_HINT", "TRL_PEERS",
-    "UNTRAINED_TINY", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset", "build_configs",
-    "check_methods", "committed_result", "compare", "describe_machine", "describe_presets", "format_levels",
-    "format_markdown", "format_table", "interleaved", "machine_load", "method_config", "method_lineage",
-    "method_settings",
+    "BATCH_MATCHED", "BENCH_PRESETS", "BenchError", "BenchPreset", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING",
+    "DEFAULT_METHODS", "DERIVED_METHODS", "DPPO_PRUNING", "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES",
+    "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS", "TARGET_FRACTION", "TRLPeer", "TRL_INSTALL_HINT",
+    "TRL_PEERS", "UNTRAINED_TINY", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
+    "build_configs", "check_batch_matched", "check_batch_matched_methods", "check_methods", "committed_result",
+    "compare", "describe_machine", "describe_presets", "format_levels", "format_markdown", "format_table",
+    "interleaved", "machine_load", "matched_prompts_per_step", "method_config", "method_lineage", "method_settings",
     "paired_speedups", "plot_bench", "read_jsonl", "reference_method", "require_trl", "run_bench", "run_dir",
     "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench", "summarize_run",
     "time_to_target", "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme", "write_bench",

@@ -19,7 +19,7 @@ from dppo_core.config import preset as training_preset
 #: Every method the bench knows, in the order of the plots' colours.
 METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
                             "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
-                            "dppo_pilot", "dppo_budget_pilot")
+                            "dppo_pilot", "dppo_budget_pilot", "grpo_skip_matched")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -72,16 +72,30 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran by the replay in
     # benchmarks/pilot_replay.py: the setting with the least variance factor among those that cut 25% of the tokens
     "dppo_pilot": PILOT, "dppo_budget_pilot": PILOT,
+    # the batch-matched strong baseline (BATCH_MATCHED): grpo_skip rolling out as many prompts per step as dppo_budget
+    # does (matched_prompts_per_step), so that a rollout budget's gain is not credited with a smaller batch's
+    "grpo_skip_matched": {},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
+#: The methods that roll out fewer prompts per step than the preset's ``prompts_per_step``, and the baseline each is
+#: measured against at the same rollouts per step: grpo_skip (the strong GRPO) given exactly as many prompts per step
+#: (:func:`matched_prompts_per_step`). A smaller batch alone is often faster to a target on these workloads (a gain
+#: every method can have), so a rollout budget's speedup is only its own against this baseline; the bench checks from
+#: the logs that both rolled out the same number of prompts (:func:`check_batch_matched`).
+BATCH_MATCHED: dict[str, str] = {"dppo_budget": "grpo_skip_matched", "dppo_budget_pilot": "grpo_skip_matched",
+                                 "grpo_half": "grpo_skip_matched"}
+#: The method whose rolled-out prompts per step the batch-matched baseline is given.
+MATCHED_TO = "dppo_budget"
+MATCHED_BASELINES: frozenset[str] = frozenset(BATCH_MATCHED.values())
 #: The baselines every speedup is also reported against, when they ran: grpo as the frameworks run it, and
 #: grpo_skip, which skips the work whose loss is exactly zero (the stronger baseline).
 REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: Methods whose configuration is another method's (with that method's preset and command-line settings)
 #: with their own :data:`METHOD_OVERRIDES` on top.
 DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip",
-                                   "dppo_pilot": "dppo", "dppo_budget_pilot": "dppo_budget"}
+                                   "dppo_pilot": "dppo", "dppo_budget_pilot": "dppo_budget",
+                                   "grpo_skip_matched": "grpo_skip"}
 
 
 class BenchError(ValueError):
@@ -192,12 +206,15 @@ CPU_REALISTIC_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 #: Levels 1-6 by the rule above, from benchmarks/results/realistic-pool/level_success.json (exact solution 0.304,
 #: 0.577 for levels 2-5 together, 0.118; expected shares 30.1% all correct, 18.5% all wrong, 51.4% mixed).
 CPU_REALISTIC_WEIGHTS: tuple[float, ...] = (0.3, 0.15, 0.15, 0.15, 0.15, 0.1)
+#: Evaluated every 5 steps (13 points; 10 in the first comparison, whose 7 points set the time to target by
+#: interpolating across 10-step gaps, issue #63); each evaluation of 400 problems x 2 samples takes about 7 s here.
 CPU_REALISTIC_SETTING: dict[str, Any] = {**CPU_BASELINES_SETTING, "train_levels": list(CPU_REALISTIC_LEVELS),
-                                         "level_weights": list(CPU_REALISTIC_WEIGHTS), "eval_levels": [2, 3, 4, 5]}
+                                         "level_weights": list(CPU_REALISTIC_WEIGHTS), "eval_levels": [2, 3, 4, 5],
+                                         "eval_steps": 5}
 #: The cpu-realistic comparison (issue #50, item 3): DPPO in both ways of spending what its prompt stage saves
 #: (dense prompts, a rollout budget) against grpo_skip and the baselines practitioners use instead.
-CPU_REALISTIC_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
-                                          "dppo", "dppo_budget")
+CPU_REALISTIC_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "grpo_skip_filtered", "dapo_sampling",
+                                          "greso_sampling", "dppo", "dppo_budget")
 #: DPPO's prompt keep rule on this pool: ``fitted`` (π ∝ P(the next group is informative) under a prior fitted to
 #: the pool), chosen by the offline sweep in benchmarks/results/realistic-pool/README.md before the comparison ran:
 #: replayed on the grpo_skip seed-1 log it rolls out 47.4% all-equal groups where ``posterior`` (the tiny-dppo
@@ -238,7 +255,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         "cpu-peers", "the other ways to spend less per step, against grpo and grpo_skip on the cpu-baselines "
                      "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary most), "
                      "CPPO and GRESO (biased pruning), two seeds",
-        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "pods", "cppo", "greso"),
+        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "grpo_skip_matched", "pods", "cppo", "greso"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
         runtime="about 30 minutes on 2 CPU cores (12 runs of 2-3 minutes)"),
     BenchPreset(
@@ -311,6 +328,17 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+def check_batch_matched_methods(methods: Iterable[str]) -> None:
+    """Refuse a run of a method that rolls out fewer prompts per step (:data:`BATCH_MATCHED`) without its
+    batch-matched baseline: its speedup over a baseline at the full batch is partly the smaller batch's."""
+    names = set(methods)
+    missing = sorted({base for m, base in BATCH_MATCHED.items() if m in names and base not in names})
+    if missing:
+        which = ", ".join(m for m in BATCH_MATCHED if m in names)
+        raise BenchError(f"{which} roll(s) out fewer prompts per step than the preset; add the batch-matched baseline "
+                         f"{', '.join(missing)} to --methods (every such speedup is reported against it)")
+
+
 def reference_method(methods: Iterable[str]) -> str:
     """The method the target accuracy and ``speedup_vs_<it>`` are relative to: ``grpo`` when it ran, else
     ``grpo_skip`` (its gradient equals grpo's at every step, tests/unit/test_exact_expectation.py, so it learns alike
@@ -355,10 +383,34 @@ def method_settings(preset: BenchPreset | None, method: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in method_lineage(method):
         out.update({**METHOD_OVERRIDES[m], **(preset.method_overrides.get(m, {}) if preset else {})})
+        if m in MATCHED_BASELINES and preset is not None:
+            out["prompts_per_step"] = matched_prompts_per_step(method_config(preset, MATCHED_TO, 0, "."))
     if method in HALF_BATCH_METHODS and preset is not None:
         shared = training_preset(preset.base).with_overrides(dict(preset.overrides))
         out["prompts_per_step"] = max(1, shared.prompts_per_step // 2)
     return out
+
+
+def matched_prompts_per_step(config: DPPOConfig) -> int:
+    """How many prompts per step a run of ``config`` rolls out: ``prompts_per_step``, or with prompt pruning and no
+    dense prompts (a rollout budget) its expected kept count, round(k (1 - prompt_prune_rate)), at least 1; with
+    ``fixed_size_sampling`` exactly that count every step."""
+    pruned = config.pruning != "none" and config.prompt_prune_rate > 0 and not config.dense_prompts
+    return max(1, round(config.prompts_per_step * (1 - config.prompt_prune_rate))) if pruned \
+        else config.prompts_per_step
+
+
+def check_batch_matched(prompts_rolled_out: Mapping[str, float]) -> list[str]:
+    """Which runs of :data:`BATCH_MATCHED` methods did not roll out as many prompts per step as their baseline did;
+    ``prompts_rolled_out`` maps a method to its mean rolled-out prompts per step (from its logs). Empty when every
+    pair present matches within half a prompt."""
+    wrong = []
+    for method, baseline in BATCH_MATCHED.items():
+        if method in prompts_rolled_out and baseline in prompts_rolled_out \
+                and abs(prompts_rolled_out[method] - prompts_rolled_out[baseline]) > 0.5:
+            wrong.append(f"{method} rolled out {prompts_rolled_out[method]:.1f} prompts per step and its batch-matched "
+                         f"{baseline} {prompts_rolled_out[baseline]:.1f}")
+    return wrong
 
 
 def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str | Path,
@@ -373,6 +425,9 @@ def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str |
     config = training_preset(preset.base).with_overrides(dict(preset.overrides)).with_overrides(shared)
     for m in method_lineage(method):
         config = config.with_overrides({**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})})
+        if m in MATCHED_BASELINES:  # as many prompts per step as MATCHED_TO rolls out (before its own overrides)
+            matched = method_config(preset, MATCHED_TO, seed, output_dir, overrides)
+            config = config.with_overrides({"prompts_per_step": matched_prompts_per_step(matched)})
         config = config.with_overrides(per_method.get(m, []))
     if method in HALF_BATCH_METHODS:
         config = config.with_overrides({"prompts_per_step": max(1, config.prompts_per_step // 2)})

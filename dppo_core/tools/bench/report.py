@@ -20,17 +20,20 @@ from typing import Any
 from dppo_core.tools.bench.ceiling import ceilings
 from dppo_core.tools.bench.plots import plot_bench
 from dppo_core.tools.bench.presets import (
+    BATCH_MATCHED,
     BENCH_PRESETS,
     REFERENCE_METHODS,
     TARGET_FRACTION,
     BenchError,
     BenchPreset,
+    check_batch_matched,
     check_methods,
     method_settings,
     reference_method,
     run_dir,
 )
 from dppo_core.tools.bench.summary import (
+    TARGET_SWEEP,
     aggregate_runs,
     compare,
     paired_speedups,
@@ -88,6 +91,12 @@ NOTES: dict[str, str] = {
     "fraction_of_bound": "wall speedup / token_cost_bound",
     "eval_stderr_max": "the largest standard error of one evaluation point's sampled accuracy, problems as the "
                        "sampling unit (over a method's points and seeds)",
+    "batch_matched": "methods that roll out fewer prompts per step than the preset, each with its batch-matched "
+                     "baseline (grpo_skip at the same rolled-out prompts per step, checked from the logs): their "
+                     "speedups are reported against it in speedup_vs, speedup_intervals and target_sweep",
+    "target_sweep": "per baseline, the time-to-target speedups (bootstrap intervals over seeds) at each of several "
+                    "fractions of the baseline's final accuracy: how the speedup depends on where the target sits",
+    "prompts_rolled_out": "prompts rolled out per step, mean over steps and seeds",
 }
 
 
@@ -120,7 +129,14 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         for r in rs:
             r["time_to_target_s"] = time_to_target(r["curve"], target)
     aggregated = {m: aggregate_runs(rs) for m, rs in runs.items()}
-    vs = {ref: speedups_vs(runs, ref) for ref in REFERENCE_METHODS if ref in runs}
+    baselines = baseline_runs(runs)
+    wrong = check_batch_matched({m: a["prompts_rolled_out"] for m, a in aggregated.items()
+                                 if a.get("prompts_rolled_out") is not None})
+    if wrong:
+        raise BenchError(f"not batch-matched: {'; '.join(wrong)}. The batch-matched baseline gets dppo_budget's "
+                         "rolled-out count, round(prompts_per_step x (1 - prompt_prune_rate)); set "
+                         "grpo_skip_matched.prompts_per_step=N to match another method's count")
+    vs = {ref: speedups_vs(rs, ref) for ref, rs in baselines.items()}
     configs = {}
     for m in methods:
         cfg = json.loads((run_dir(output_dir, m, seeds[0]) / "config.json").read_text())
@@ -136,8 +152,10 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "target_fraction_of_grpo": TARGET_FRACTION,
         "methods": aggregated,
         **compare(aggregated, reference),
-        "speedup_intervals": {ref: paired_speedups(runs, ref) for ref in REFERENCE_METHODS if ref in runs},
+        "speedup_intervals": {ref: paired_speedups(rs, ref) for ref, rs in baselines.items()},
         "speedup_vs": vs,
+        "batch_matched": {m: b for m, b in BATCH_MATCHED.items() if m in runs and b in runs},
+        "target_sweep": {ref: speedups_vs(rs, ref, fractions=TARGET_SWEEP) for ref, rs in baselines.items()},
         "ceiling": ceilings(output_dir, Path(times_from) if times_from is not None else output_dir, runs,
                             REFERENCE_METHODS, vs),
         "method_overrides": {m: method_settings(preset, m) for m in methods},
@@ -147,6 +165,18 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
         "notes": dict(NOTES),
         "runs": [r for rs in runs.values() for r in rs],
     }
+
+
+def baseline_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Sequence[Mapping[str, Any]]]]:
+    """Per baseline that ran, the runs its speedups are computed over: every method's against grpo and grpo_skip
+    (:data:`REFERENCE_METHODS`, same prompts per step); against a batch-matched baseline (:data:`BATCH_MATCHED`) only
+    the methods that roll out as many prompts per step as it does."""
+    out: dict[str, dict[str, Sequence[Mapping[str, Any]]]] = {ref: dict(runs) for ref in REFERENCE_METHODS
+                                                               if ref in runs}
+    for method, base in BATCH_MATCHED.items():
+        if method in runs and base in runs:
+            out.setdefault(base, {base: runs[base]})[method] = runs[method]
+    return out
 
 
 SAME_TRAINING_KEYS = ("loss", "tokens_generated", "tokens_trained")  # what must match for times_from

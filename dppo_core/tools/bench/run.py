@@ -23,6 +23,7 @@ from dppo_core.tools.bench.presets import (
     BenchError,
     BenchPreset,
     bench_preset,
+    check_batch_matched_methods,
     check_methods,
     method_config,
     resolve_model_keyword,
@@ -193,6 +194,7 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
     """
     preset = name if isinstance(name, BenchPreset) else bench_preset(name)
     methods = check_methods(methods or preset.methods)
+    check_batch_matched_methods(methods)
     seeds = tuple(dict.fromkeys(seeds)) if seeds else preset.seeds
     output_dir = Path(output_dir)
     configs = build_configs(preset, methods, seeds, output_dir, overrides)

@@ -52,8 +52,19 @@ def format_table(result: Mapping[str, Any], load: tuple[float, int] | None = Non
     lines.append(f"x step / x wall / x target: speedup over {ref} in median step time, training time and time to "
                  "target; bound: the speedup the token counts predict; of bound: x wall / bound"
                  + ("; ± n/a: one seed, so no spread over seeds" if len(seeds) == 1 else ""))
+    for name, base in (result.get("batch_matched") or {}).items():
+        by_target = ((result.get("speedup_vs") or {}).get(base) or {}).get(name, {}).get("by_target", {})
+        said = " / ".join(f"{_speedup_cell(e)} to {float(f):.0%}" for f, e in sorted(by_target.items()))
+        lines.append(f"{name} rolls out fewer prompts per step than {ref}: against its batch-matched {base} (the same "
+                     f"rolled-out prompts per step) {said or 'no target reached'}")
     notes = timing_notes(result, load)
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _speedup_cell(entry: Mapping[str, Any]) -> str:
+    """``1.13x [0.93, 1.37]`` from a ``by_target`` entry of :func:`~dppo_core.tools.bench.summary.speedups_vs`."""
+    x = "–" if entry.get("time_to_target") is None else f"{entry['time_to_target']:.2f}x"
+    return x + (f" [{entry['ci95'][0]:.2f}, {entry['ci95'][1]:.2f}]" if entry.get("ci95") else "")
 
 
 #: Markers around the README's results table, which :func:`update_readme` rewrites from a ``bench.json``.
@@ -89,7 +100,7 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
               f"before training. Target: {result['target_accuracy']:.3f}, {fraction:.0%} "
               f"of {ref}'s final accuracy. Times are training time (the sum of step times; evaluation excluded). "
               f"Machine: {result['machine']}."]
-    lines += format_speedups_vs(result) + format_intervals(result)
+    lines += format_speedups_vs(result) + format_intervals(result) + format_target_sweep(result)
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
@@ -116,6 +127,7 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                   "| method | " + " | ".join(f"to {float(f):.0%} target" for f in fractions)
                   + f" | accuracy at `{ref}`'s time |",
                   "|---|" + "---|" * (len(fractions) + 1)]
+        matched = result.get("batch_matched") or {}
         for name, m in table.items():
             if name == ref:
                 continue
@@ -127,8 +139,43 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                     x += f" [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
                 cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
             acc = fmt(m["accuracy_at_equal_time"])
-            lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {acc} |")
+            lines.append(f"| `{name}`{_unmatched(name, ref, matched)} | " + " | ".join(cells) + f" | {acc} |")
+        if any(_unmatched(name, ref, matched) for name in table):
+            lines += ["", _UNMATCHED_NOTE]
         lines += format_ceiling(result, ref, fractions)
+    return lines
+
+
+_UNMATCHED_NOTE = ("* rolls out fewer prompts per step than this baseline: part of its speedup is a smaller batch's, "
+                   "which every method can have; its own is against its batch-matched baseline (`grpo_skip_matched`).")
+
+
+def _unmatched(name: str, ref: str, matched: Mapping[str, str]) -> str:
+    """`` *`` when ``name`` rolls out fewer prompts per step than ``ref`` (a batch-matched method against another
+    baseline than its own), else ``""``."""
+    return " *" if name in matched and matched[name] != ref else ""
+
+
+def format_target_sweep(result: Mapping[str, Any]) -> list[str]:
+    """Markdown tables of each speedup against the target fraction (``target_sweep``), per baseline."""
+    lines: list[str] = []
+    matched = result.get("batch_matched") or {}
+    for ref, table in (result.get("target_sweep") or {}).items():
+        fractions = sorted({f for m in table.values() for f in m["by_target"]}, key=float)
+        rows = [(name, m) for name, m in table.items() if name != ref]
+        if not rows:
+            continue
+        lines += ["", f"Against `{ref}` at every target from {float(fractions[0]):.0%} to {float(fractions[-1]):.0%} "
+                      f"of its final accuracy (Σ baseline time / Σ method time, 95% bootstrap interval over seeds): "
+                      "where the speedup depends on the target, the headline's two columns do not tell it alone.", "",
+                  "| method | " + " | ".join(f"{float(f) * 100:g}%" for f in fractions) + " |",
+                  "|---|" + "---|" * len(fractions)]
+        for name, m in rows:
+            cells = []
+            for f in fractions:
+                e = m["by_target"][f]
+                cells.append(_speedup_cell(e) + (f" ({e['missed']} missed)" if e["missed"] else ""))
+            lines.append(f"| `{name}`{_unmatched(name, ref, matched)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -179,10 +226,11 @@ def format_intervals(result: Mapping[str, Any]) -> list[str]:
                       "seeds with a ratio (a seed where either run missed the target has none).", "",
                   "| method | median step | training time | time to target (interpolated crossing) |",
                   "|---|---|---|---|"]
+        matched = result.get("batch_matched") or {}
         for name, m in table.items():
             if name != ref:
-                lines.append(f"| `{name}` | {_interval(m['step_time'])} | {_interval(m['wall'])} "
-                             f"| {_interval(m['time_to_target'])} |")
+                lines.append(f"| `{name}`{_unmatched(name, ref, matched)} | {_interval(m['step_time'])} "
+                             f"| {_interval(m['wall'])} | {_interval(m['time_to_target'])} |")
     return lines
 
 
