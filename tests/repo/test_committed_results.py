@@ -80,7 +80,7 @@ def test_every_committed_result_says_what_made_it():
 #: The benches README.md's Results section quotes: the equal-tuning comparisons (each method at its own tuned batch,
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
-HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic")
+HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched")
 
 
 def test_the_readme_headline_is_the_committed_equal_tuning_tables():
@@ -99,6 +99,26 @@ def test_the_readme_headline_is_the_committed_equal_tuning_tables():
         command = json.loads((RESULTS / name / "bench.json").read_text())["command"]
         assert f"`{command}`" in results, f"README.md's Results section does not give {name}'s command"
     assert "](benchmarks/results/cpu-own-best/accuracy_vs_time.png)" in results
+
+
+def test_the_batch_matched_tables_are_generated_from_their_bench_json():
+    """The batch-matched cpu-realistic rerun (issue #63): docs/benchmarks.md's and the results README's marked tables
+    are format_markdown of its committed bench.json; every rollout-budget speedup is there against
+    grpo_skip_matched, and the README's correction quotes both that and the figure it corrects."""
+    from dppo_core.tools.bench import README_MARKERS, format_markdown
+
+    result = json.loads((RESULTS / "realistic-pool/matched/bench.json").read_text())
+    assert result["batch_matched"] == {"dppo_budget": "grpo_skip_matched"} and len(result["seeds"]) >= 8
+    assert {m: a["prompts_rolled_out"] for m, a in result["methods"].items()} == {
+        "grpo_skip": 32.0, "grpo_skip_matched": 16.0, "dppo": 32.0, "dppo_budget": 16.0}
+    start, end = (m.format(preset="cpu-realistic-matched") for m in README_MARKERS)
+    for doc in (ROOT / "docs/benchmarks.md", RESULTS / "realistic-pool/README.md"):
+        table = doc.read_text().split(start)[1].split(end)[0]
+        assert table.strip() == format_markdown(result, result["command"]), doc
+    vs = result["speedup_vs"]["grpo_skip_matched"]["dppo_budget"]["by_target"]
+    said = [f"{e['time_to_target']:.2f}x [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]" for e in (vs["0.90"], vs["0.95"])]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert all(x in readme for x in said) and "1.46x [1.13, 1.72]" in readme and "A correction" in readme
 
 
 def test_links_to_files_in_the_documentation_resolve():

@@ -155,3 +155,25 @@ def test_the_cpu_realistic_pool_mixes_levels_1_to_6(tmp_path):
     assert config.train_levels == ALL_LEVELS and config.eval_levels == (2, 3, 4, 5)
     pool = build_prompt_source(config)
     assert Counter(row["level"] for row in pool.rows) == {1: 57, 2: 49, 3: 43, 4: 39, 5: 36, 6: 32}
+
+
+def test_the_persistence_presets_put_more_of_the_pool_on_level_6_and_change_nothing_else(tmp_path):
+    """The persistence map's presets (issue #63): cpu-realistic with level 6 at a larger share of the weight, the
+    other levels in cpu-realistic's proportions; each pool holds more never-solved prompts than the one before."""
+    from collections import Counter
+
+    from dppo_core.data import build_prompt_source
+    from dppo_core.tools.bench.presets import BENCH_PRESETS, PERSISTENCE_SHARES, method_config
+
+    realistic = method_config(BENCH_PRESETS["cpu-realistic"], "grpo_skip", 1, tmp_path)
+    counts = [Counter(row["level"] for row in build_prompt_source(realistic).rows)[6]]
+    for share in PERSISTENCE_SHARES:
+        config = method_config(BENCH_PRESETS[f"cpu-persist-{round(100 * share)}"], "grpo_skip", 1, tmp_path)
+        weights = config.level_weights
+        assert sum(weights) == pytest.approx(1.0, abs=1e-3) and weights[-1] == share
+        assert [w / weights[1] for w in weights[:-1]] == pytest.approx([2, 1, 1, 1, 1], abs=5e-3)
+        assert config.with_overrides({"level_weights": list(realistic.level_weights)}) == realistic
+        pool = build_prompt_source(config)
+        counts.append(Counter(row["level"] for row in pool.rows)[6])
+        assert len(pool.rows) == 256
+    assert counts == sorted(counts) and counts[-1] > 0.7 * 256, counts

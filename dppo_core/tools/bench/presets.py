@@ -19,7 +19,7 @@ from dppo_core.config import preset as training_preset
 #: Every method the bench knows, in the order of the plots' colours.
 METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
                             "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
-                            "dppo_pilot", "dppo_budget_pilot", "grpo_skip_matched")
+                            "dppo_pilot", "dppo_budget_pilot", "grpo_skip_matched", "dapo_oversampled")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
@@ -65,9 +65,12 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
                    "max_tokens_per_row": 128},
     # the baselines practitioners run instead (dppo_core.tools.bench.baselines): grpo_skip on a pool filtered
     # offline by one group per prompt of the initial model; grpo_skip with DAPO's dynamic sampling (a changed
-    # objective: informative groups only); and that with GRESO's skip of prompts last seen all-equal before each round
+    # objective: informative groups only); and that with GRESO's skip before each round, by GRESO's own adaptive rule
+    # (skip probability 1 - max(p^z, 0.01) after z all-equal groups in a row, p adapted toward 25% zero-variance
+    # groups: the authors' setting; the committed cpu-realistic comparison ran a constant skip of 0.8 instead)
     "grpo_skip_filtered": {}, "dapo_sampling": {},
-    "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.5, "packing": True, "max_tokens_per_row": 128},
+    "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.0, "greso_target_zero_variance": 0.25,
+                       "packing": True, "max_tokens_per_row": 128},
     # dppo and dppo_budget with a pilot (DERIVED_METHODS): 2 of each group's 8 first, an all-equal pilot continued
     # with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran by the replay in
     # benchmarks/pilot_replay.py: the setting with the least variance factor among those that cut 25% of the tokens
@@ -75,6 +78,8 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # the batch-matched strong baseline (BATCH_MATCHED): grpo_skip rolling out as many prompts per step as dppo_budget
     # does (matched_prompts_per_step), so that a rollout budget's gain is not credited with a smaller batch's
     "grpo_skip_matched": {},
+    # DAPO's dynamic sampling as its recipe runs it (a 3x generation batch per round, up to 10 rounds) on grpo_skip
+    "dapo_oversampled": {},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
@@ -95,7 +100,7 @@ REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: with their own :data:`METHOD_OVERRIDES` on top.
 DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip",
                                    "dppo_pilot": "dppo", "dppo_budget_pilot": "dppo_budget",
-                                   "grpo_skip_matched": "grpo_skip"}
+                                   "grpo_skip_matched": "grpo_skip", "dapo_oversampled": "grpo_skip"}
 
 
 class BenchError(ValueError):
@@ -151,8 +156,7 @@ CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
 #: prompts, length-aware completion scheme, sorted design), chosen on seed 0 among 17 variants
 #: (benchmarks/results/ablation/) and by the variance per unit of cost (benchmarks/results/variance_cost.md).
 CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo_paper": {"prompt_prune_rate": 0.8},
-                                                "greso": {"prompt_prune_rate": 0.8},
-                                                "greso_sampling": {"prompt_prune_rate": 0.8}}
+                                                "greso": {"prompt_prune_rate": 0.8}}
 #: The cpu-full setting (a pool of 256 prompts, 60 steps, 400 held-out problems x 2 samples every 10 steps),
 #: shared by cpu-baselines and cpu-peers so their grpo and grpo_skip runs are the same runs. The learning rate
 #: (tiny-grpo's 1e-4, constant) is the tuned one for grpo, grpo_skip, dppo_paper and dppo: the same three rates
@@ -221,6 +225,32 @@ CPU_REALISTIC_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "grp
 #: preset's) rolls out 55.3%, at a variance factor within 3% of its (1.88 against 1.84).
 CPU_REALISTIC_METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     **CPU_BENCH_METHODS, "dppo": {"prompt_scheme": "fitted"}, "dppo_budget": {"prompt_scheme": "fitted"}}
+
+#: The persistence map (issue #63, item 3): cpu-realistic with a larger share of never-solved prompts (level 6, which
+#: the warm start gets wrong in all of 2,400 completions: exactly persistent), so that P(all-equal | previous
+#: all-equal) rises from cpu-realistic's 0.81 toward 1. Rule, written before any run: level 6 at each share below,
+#: levels 1-5 keeping cpu-realistic's weights among themselves (scaled to the rest); everything else cpu-realistic's.
+#: The solved side stays as persistent as level 1 at T = 1 (0.84): no level of the task is solved every time.
+PERSISTENCE_SHARES: tuple[float, ...] = (0.3, 0.5, 0.7, 0.85)
+#: What the map compares at each point: the strong baseline at the full and at the matched batch, DPPO in both modes,
+#: and the baselines practitioners use instead.
+PERSISTENCE_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "dppo", "dppo_budget", "grpo_skip_filtered",
+                                        "dapo_sampling", "greso_sampling")
+
+
+def persistence_preset(share: float) -> BenchPreset:
+    """``cpu-persist-NN``: cpu-realistic with level 6 (never solved) at ``share`` of the pool's weight."""
+    rest = [w * (1 - share) / (1 - CPU_REALISTIC_WEIGHTS[-1]) for w in CPU_REALISTIC_WEIGHTS[:-1]]
+    return BenchPreset(
+        f"cpu-persist-{round(100 * share)}",
+        f"the persistence map (issue #63): cpu-realistic with {share:.0%} of the pool's weight on level 6 (never "
+        "solved: exactly persistent), the other levels in cpu-realistic's proportions",
+        base="tiny-grpo", methods=PERSISTENCE_METHODS,
+        overrides={**CPU_REALISTIC_SETTING, "level_weights": [round(w, 4) for w in (*rest, share)]},
+        method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
+        runtime="about 2 hours on 2 CPU cores (35 runs); --methods grpo_skip grpo_skip_matched dppo_budget for the "
+                "map's pair")
+
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
@@ -297,6 +327,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                           for m in ("grpo", "grpo_skip", "dppo")},
         requires_gpu=True, kind="systems",
         runtime="about 20-35 minutes on one H100-class GPU (9 runs of 7 steps, the first 2 of each untimed)"),
+    *(persistence_preset(share) for share in PERSISTENCE_SHARES),
 )}
 
 

@@ -146,7 +146,7 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-_UNMATCHED_NOTE = ("* rolls out fewer prompts per step than this baseline: part of its speedup is a smaller batch's, "
+_UNMATCHED_NOTE = ("`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller batch's, "
                    "which every method can have; its own is against its batch-matched baseline (`grpo_skip_matched`).")
 
 
