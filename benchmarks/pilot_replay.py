@@ -7,7 +7,10 @@ in the variance of the informative groups' weights, before any run with a pilot 
 Each logged group of G rewards and lengths (a run's ``groups.jsonl``, in step order per file) is replayed as if its
 first k completions were the pilot (completions are exchangeable: the first k are a random k), with the package's
 own continue probabilities (:func:`dppo_core.posterior.continue_probs`) and a prompt history rebuilt from the groups
-seen before the step, as the trainer keeps it (half-life 20 steps). Per setting:
+seen before the step, as the trainer keeps it (half-life 20 steps): each group with an all-equal pilot is continued
+with probability c_q (a seeded draw, ``--seed``) and, if stopped, enters the history as its k pilot rewards, as
+``DPPOTrainer`` records it (issue #64: the first version recorded every group whole, G rewards, which made the
+posterior's history richer than a pilot run's and its variance factor optimistic). Per setting:
 
 - ``tokens``: expected generated tokens over the logged groups' tokens (the pilot's k always, the rest with c_q);
 - ``variance_factor``: the mean of 1 / c_q over the informative groups (rewards not all equal): how much a
@@ -36,9 +39,10 @@ from dppo_core.history import PromptHistory
 from dppo_core.posterior import continue_probs
 
 
-def replay(logs: list[list[dict]], k: int, c: float, scheme: str, group_size: int) -> dict:
+def replay(logs: list[list[dict]], k: int, c: float, scheme: str, group_size: int, seed: int = 0) -> dict:
     tokens = total = informative = hidden = 0
     inverse = 0.0
+    gen = torch.Generator().manual_seed(seed)
     for log in logs:
         history = PromptHistory(half_life=20.0)
         for line in log:
@@ -53,7 +57,14 @@ def replay(logs: list[list[dict]], k: int, c: float, scheme: str, group_size: in
             informative += int(mixed.sum())
             hidden += int((mixed & (probs < 1)).sum())
             inverse += float((1 / probs)[mixed].sum())
-            history.update(line["ids"], rewards, group_advantages(rewards), step)
+            # the history as the trainer keeps it: a stopped group's k pilot rewards, every other group whole
+            stop = (probs < 1) & (torch.rand(probs.shape, generator=gen, dtype=torch.float64) >= probs)
+            ids = line["ids"]
+            for rows, seen in ((~stop, rewards), (stop, rewards[:, :k])):
+                if rows.any():
+                    r = seen[rows]
+                    history.update([i for i, x in zip(ids, rows.tolist(), strict=True) if x], r, group_advantages(r),
+                                   step)
     t, v = tokens / total, inverse / max(1, informative)
     return {"pilot_size": k, "continue_probability": c, "continue_scheme": scheme, "tokens": round(t, 4),
             "variance_factor": round(v, 3), "cost_times_variance": round(t * v, 3),
@@ -66,10 +77,11 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--probabilities", type=float, nargs="+", default=[0.1, 0.25, 0.5])
+    parser.add_argument("--seed", type=int, default=0, help="the continue draws' seed (the history depends on them)")
     args = parser.parse_args()
     logs = [read_groups(p) for p in args.logs]
     group_size = len(logs[0][0]["rewards"][0])
-    rows = [replay(logs, k, c, scheme, group_size) for k, c, scheme in
+    rows = [replay(logs, k, c, scheme, group_size, args.seed) for k, c, scheme in
             itertools.product(args.sizes, args.probabilities, ("constant", "posterior"))]
     eligible = [r for r in rows if r["tokens"] <= 0.75]
     chosen = min(eligible, key=lambda r: r["variance_factor"]) if eligible else None

@@ -155,6 +155,9 @@ class DPPOConfig:
     about ``prompts_per_step`` / (1 - r_q) candidates, of which ``prompts_per_step`` are kept in expectation."""
     completion_prune_rate: float = 0.0
     """r_o in [0, 1): how hard to prune completions after reward (per group of G)."""
+    greso_target_zero_variance: float | None = None
+    """``pruning: greso`` with GRESO's own adaptive rule (keep max(p^z, 0.01) after z all-equal groups in a row, p
+    adapted each step toward this share of zero-variance groups; the authors use 0.25) instead of one skip rate."""
     prompt_scheme: str = "paper"
     """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q),
     ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q) or ``"posterior"``

@@ -125,6 +125,10 @@ def _check_pruning(c: Any) -> None:
          "PODS down-samples completions only; set prompt_prune_rate: 0 or use pruning: dppo")
     need(c.pruning != "greso" or c.completion_prune_rate == 0, "completion_prune_rate",
          "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
+    target = c.greso_target_zero_variance
+    need(target is None or (c.pruning == "greso" and 0 < target < 1 and c.prompt_prune_rate == 0),
+         "greso_target_zero_variance", "GRESO's adaptive rule needs pruning: greso, a target in (0, 1) (its authors "
+         "use 0.25) and prompt_prune_rate: 0 (the constant skip rate it replaces); or leave it null")
 
 def _check_layout_and_run(c: Any) -> None:
     need = _needs(c)

@@ -88,6 +88,18 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return out
 
 
+def from_main(obj: Any, info: DistInfo) -> Any:
+    """Rank 0's ``obj`` (picklable) on every rank; ``obj`` itself in a single process. The trainer passes each draw
+    through it (the prompt selection, the continue draw, the completion weighting): every rank computes them from the
+    same history and seeded streams, and this makes them agree to the bit whatever each rank's arithmetic (a float
+    near-tie in the ``fitted`` prior's grid could break differently on two CPUs)."""
+    if not info.enabled:
+        return obj
+    box = [obj if info.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[str, float],
                   info: DistInfo) -> tuple[torch.Tensor, list[int], dict[str, float]]:
     """Every rank's groups in global (rank) order: rewards (P, G), completion lengths, mean reward per function.

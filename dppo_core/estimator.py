@@ -41,7 +41,7 @@ Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL and verl al
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -186,14 +186,18 @@ class PromptPruning(Estimator):
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def prunes_prompts(self) -> bool:
+        """Whether ``select`` can leave a candidate out (a prompt rate above 0, or a rule of its own)."""
+        return self.prompt_prune_rate > 0
+
     def num_candidates(self, size: int) -> int:
-        dense = self.dense_prompts and self.prompt_prune_rate > 0
+        dense = self.dense_prompts and self.prunes_prompts()
         return size * self.prompt_window_factor if dense else size
 
     def select(self, candidate_ids: list[str], step: int, size: int | None = None) -> Selection:
         dense = size is not None and self.dense_prompts
         size = len(candidate_ids) if size is None else size
-        if self.prompt_prune_rate == 0:
+        if not self.prunes_prompts():
             return full_selection(min(size, len(candidate_ids)))
         ids = list(candidate_ids) if dense else list(candidate_ids[:size])
         probs = self.prompt_probs(ids, step)
@@ -339,14 +343,45 @@ class CPPOEstimator(Estimator):
 @dataclass(kw_only=True)
 class GRESOEstimator(PromptPruning):
     """``greso`` (BIASED baseline): prompts whose last group was degenerate are skipped with probability r;
-    the rest train with weight 1 and normaliser P·G over the kept prompts only."""
+    the rest train with weight 1 and normaliser P·G over the kept prompts only. With
+    ``greso_target_zero_variance`` set, GRESO's own rule instead: kept with max(p^z, 0.01) after z all-equal groups in
+    a row, p adapted each step toward that target (:func:`~dppo_core.biased_baselines.greso_streak_keep_probs`,
+    :class:`~dppo_core.biased_baselines.GRESOExploration`)."""
 
     name: ClassVar[str] = "greso"
+    greso_target_zero_variance: float | None = None
+    exploration: biased_baselines.GRESOExploration | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.greso_target_zero_variance is not None:
+            self.exploration = biased_baselines.GRESOExploration(self.greso_target_zero_variance)
+
+    def prunes_prompts(self) -> bool:
+        return self.exploration is not None or super().prunes_prompts()
 
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         # GRESO has no budget rule: a dense window keeps its skip probabilities as they are
+        if self.exploration is not None:
+            self.exploration.adapt(step)
+            return biased_baselines.greso_streak_keep_probs(
+                self.history, ids, self.exploration.p_solved, self.exploration.p_unsolved, step=step,
+                max_age=self.history_max_age)
         return biased_baselines.greso_keep_probs(self.history, ids, self.prompt_prune_rate, step=step,
                                                  max_age=self.history_max_age)
+
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+        super().observe(prompt_ids, rewards, advantages, step)
+        if self.exploration is not None:
+            self.exploration.count(rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        return {**state, "exploration": asdict(self.exploration)} if self.exploration is not None else state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.exploration is not None and "exploration" in state:
+            self.exploration = biased_baselines.GRESOExploration(**state["exploration"])
 
 
 @dataclass(kw_only=True)

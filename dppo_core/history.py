@@ -28,6 +28,14 @@ class PromptRecord:
     seen: int = 1
     successes: float | None = None  # decayed evidence on the success rate, as of ``step`` (None: an old record)
     failures: float | None = None
+    size: int | None = None  # the group's rewards: G, or k for a pilot stopped after k (None: an old record, G)
+    streak: int | None = None  # consecutive all-equal groups of one value ending with this one (0: it was mixed)
+
+    @property
+    def equal_streak(self) -> int:
+        """How many groups in a row, ending with the last, were all equal at the same reward (0 after a mixed one;
+        a record from before streaks were kept counts its last group only)."""
+        return self.streak if self.streak is not None else int(self.degenerate)
 
     @property
     def degenerate(self) -> bool:
@@ -90,12 +98,14 @@ class PromptHistory:
             prev = self.records.get(pid)
             stale = prev is not None and max_age is not None and step - prev.step > max_age
             s_prev, f_prev = (0.0, 0.0) if stale else self.evidence(pid, step)
-            mean = float(r.mean())
+            mean, std = float(r.mean()), float(r.std(unbiased=False))
             hits = r.numel() * min(1.0, max(0.0, mean))
+            same = prev is not None and not stale and prev.degenerate and prev.mean_reward == mean
+            streak = 0 if std != 0.0 else (prev.equal_streak + 1 if same and prev is not None else 1)
             self.records[pid] = PromptRecord(
-                mean_reward=mean, reward_std=float(r.std(unbiased=False)),
+                mean_reward=mean, reward_std=std, streak=streak,
                 mean_abs_advantage=float(a.abs().mean()), step=int(step), seen=(prev.seen + 1) if prev else 1,
-                successes=s_prev + hits, failures=f_prev + r.numel() - hits)
+                successes=s_prev + hits, failures=f_prev + r.numel() - hits, size=r.numel())
 
     def evidence(self, prompt_id: str, step: int | None = None) -> tuple[float, float]:
         """(successes, failures) seen for the prompt, discounted to ``step`` (0, 0 if unseen)."""
@@ -117,24 +127,39 @@ class PromptHistory:
         return rec.mean_abs_advantage
 
     def pass_counts(self, group_size: int) -> torch.Tensor:
-        """How many prompts' last groups had k = 0..G passes (G x the mean reward, rounded; rewards in [0, 1])."""
-        k = torch.tensor([round(group_size * min(1.0, max(0.0, r.mean_reward))) for r in self.records.values()],
-                         dtype=torch.long)
-        return torch.bincount(k, minlength=group_size + 1)[: group_size + 1].to(torch.float64)
+        """How many prompts' last groups of ``group_size`` rewards had k = 0..G passes (G x the mean reward, rounded;
+        rewards in [0, 1]); records of another size (a stopped pilot's k) are :meth:`pass_count_table`'s."""
+        return self.pass_count_table(group_size).get(group_size, torch.zeros(group_size + 1, dtype=torch.float64))
+
+    def pass_count_table(self, group_size: int) -> dict[int, torch.Tensor]:
+        """Per group size n, how many prompts' last groups of n rewards had 0..n passes: n is G for a whole group
+        (and for a record written before the size was kept), k for a pilot stopped after its k equal rewards, which
+        is k trials' evidence, not G's."""
+        by_size: dict[int, list[int]] = {}
+        for r in self.records.values():
+            n = r.size or group_size
+            by_size.setdefault(n, []).append(round(n * min(1.0, max(0.0, r.mean_reward))))
+        return {n: torch.bincount(torch.tensor(ks, dtype=torch.long), minlength=n + 1)[: n + 1].to(torch.float64)
+                for n, ks in sorted(by_size.items())}
 
     def fitted_prior(self, group_size: int) -> tuple[float, float]:
         """A Beta(a, b) prior on a prompt's success rate fitted to the pool: the maximum marginal likelihood
-        (Beta-binomial) of every seen prompt's last pass count (:meth:`pass_counts`), on a log grid over
-        a, b in [0.02, 50] (empirical Bayes). Real pools are J- or U-shaped (many prompts solved always or never),
-        which a uniform prior cannot say: after one 8/8 group Beta(1, 1) still puts P(the next group is mixed)
-        at 0.47, where a pool like that has about 0.2. Uniform (1, 1) while fewer than :data:`MIN_PRIOR_GROUPS`
-        prompts have been seen. The fit reads only groups already rolled out, so a keep probability built on it
-        is still fixed before the step's draw."""
-        counts = self.pass_counts(group_size)
-        if counts.sum() < MIN_PRIOR_GROUPS:
+        (Beta-binomial) of every seen prompt's last pass count out of its group's size (:meth:`pass_count_table`:
+        G, or k for a stopped pilot), on a log grid over a, b in [0.02, 50] (empirical Bayes). Real pools are J- or
+        U-shaped (many prompts solved always or never), which a uniform prior cannot say: after one 8/8 group
+        Beta(1, 1) still puts P(the next group is mixed) at 0.47, where a pool like that has about 0.2. Uniform
+        (1, 1) while fewer than :data:`MIN_PRIOR_GROUPS` prompts have been seen. The fit reads only groups already
+        rolled out, so a keep probability built on it is still fixed before the step's draw."""
+        table = self.pass_count_table(group_size)
+        if sum(float(c.sum()) for c in table.values()) < MIN_PRIOR_GROUPS:
             return 1.0, 1.0
-        grid, log_p = _beta_binomial_grid(group_size)
-        i, j = divmod(int((log_p * counts).sum(-1).argmax()), grid.numel())
+        total = None
+        for n, counts in table.items():
+            grid, log_p = _beta_binomial_grid(n)
+            ll = (log_p * counts).sum(-1)
+            total = ll if total is None else total + ll
+        assert total is not None
+        i, j = divmod(int(total.argmax()), grid.numel())
         return float(grid[i]), float(grid[j])
 
     def degenerate_fraction(self) -> float:

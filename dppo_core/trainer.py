@@ -42,7 +42,14 @@ import torch
 from dppo_core import pilot
 from dppo_core.config import ConfigError, DPPOConfig, learning_rate_at
 from dppo_core.data import PromptSource, build_prompt_source, check_prompt_lengths, prompt_key
-from dppo_core.distributed import all_reduce_gradients, broadcast_parameters, gather_groups, job_layout_stats, shard
+from dppo_core.distributed import (
+    all_reduce_gradients,
+    broadcast_parameters,
+    from_main,
+    gather_groups,
+    job_layout_stats,
+    shard,
+)
 from dppo_core.estimator import Continuation, Selection, Weighting, make_estimator
 from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages, policy_loss
@@ -125,6 +132,7 @@ class DPPOTrainer(Run):
 
         super().__init__(config, callbacks=callbacks, progress=progress)
         self.reward_funcs = list(reward_funcs) if reward_funcs else [accuracy_reward]
+        self.last_selection: PromptSelection | None = None  # the last step's prompt selection (rank 0's draw)
         self.model_path = resolve_model_path(config)
         self.model, self.tokenizer = load_policy(config, self.model_path, self.device)
         self.prompts = prompt_source or build_prompt_source(config)
@@ -260,7 +268,7 @@ class DPPOTrainer(Run):
         continued groups as a selection whose probabilities are π_q c_q. ``observe``: the stopped groups' pilots go
         into the history (after the draw, which reads the history as it was before the step)."""
         ids = [prompt_key(r) for r in selection.rows]
-        cont = self.estimator.continue_groups(ids, pilot_rewards, step)
+        cont = from_main(self.estimator.continue_groups(ids, pilot_rewards, step), self.dist)  # rank 0's draw
         if observe and cont.stopped:
             r = pilot_rewards[cont.stopped]
             self.estimator.observe([ids[j] for j in cont.stopped], r, group_advantages(r, self.config.scale_rewards),
@@ -319,7 +327,7 @@ class DPPOTrainer(Run):
             extra["rewards"] = rewards
         if getattr(self.estimator, "needs_lengths", False):
             extra["lengths"] = lengths
-        return adv, self.estimator.weigh(adv, selection, step, **extra)
+        return adv, from_main(self.estimator.weigh(adv, selection, step, **extra), self.dist)  # rank 0's draw
 
     @staticmethod
     def sequences(batch: RolloutBatch, advantages: torch.Tensor, weighting: Weighting,
@@ -408,8 +416,8 @@ class DPPOTrainer(Run):
     def train_step(self) -> dict[str, Any]:
         """One step: select (prune prompts), roll out, reward, advantages, weigh (prune completions), update, sync."""
         c, timer = self.config, PhaseTimer()
-        # 1. select: which candidate prompts to roll out (prompt pruning, before any generation)
-        selection = self.select_prompts(self.step)
+        # 1. select: which candidate prompts to roll out (prompt pruning, before any generation); rank 0's draw
+        selection = self.last_selection = from_main(self.select_prompts(self.step), self.dist)
         timer.lap("prune")
         if not selection.rows:  # every candidate pruned: the estimate is exactly 0 (a valid draw); step counted
             return self._skipped_step(selection, timer)

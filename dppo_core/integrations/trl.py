@@ -36,10 +36,16 @@ window (KL term included):
 * ``dr_grpo``: ℓ = its token sum / ``max_completion_length``;
 * ``luspo``: ℓ = its token sum.
 
-``bnpo``, ``dapo``, ``cispo`` and ``vespo`` divide by a count of tokens: of the micro-batch (``bnpo``: it
-depends on which completions are kept) or of the rolled-out generation batch (the others: it depends on
-which prompts are kept, and never counts the pruned prompts' tokens). The pruned loss is then a ratio, not
-an unbiased estimate, so they raise a ValueError; ``dr_grpo`` is their constant-normaliser counterpart.
+* ``dapo`` (TRL's default ``loss_type``): ℓ = its token sum, and the normaliser is the token count of every
+  completion rolled out in the generation batch (TRL's ``num_items_in_batch``), counted before completion pruning,
+  so it is fixed before the completion draw: with completion pruning only, the loss and its gradient are unbiased
+  estimates of GRPOTrainer's dapo loss on the same rollout. With prompt pruning it would need the token count of
+  completions never generated (the pruned prompts'), so a ``dapo`` run whose estimator prunes prompts is refused
+  (a ValueError that says to use ``dr_grpo`` or ``prompt_prune_rate=0``), as dppo_core's own trainer refuses it.
+
+``bnpo``, ``cispo`` and ``vespo`` divide by a count of tokens of the micro-batch (``bnpo``: it depends on which
+completions are kept) or have no per-completion loss that a weight can scale (``cispo``, ``vespo`` weigh the
+log-probabilities, not the ratio), so they raise a ValueError; ``dr_grpo`` is the constant-normaliser counterpart.
 
 As in :mod:`dppo_core.estimator`, only the loss and gradient at the parameters of the draw are unbiased:
 not AdamW's update, gradient clipping, nor later PPO iterations (``num_iterations > 1``) or later
@@ -137,7 +143,7 @@ def check_trl_version(version: str) -> None:
 
 check_trl_version(trl.__version__)
 
-SUPPORTED_LOSS_TYPES = ("grpo", "dr_grpo", "sapo", "luspo")
+SUPPORTED_LOSS_TYPES = ("grpo", "dr_grpo", "sapo", "luspo", "dapo")
 ESTIMATOR_FILE = "dppo_estimator.json"  # in each checkpoint folder
 
 
@@ -231,10 +237,16 @@ class DPPOGRPOTrainer(GRPOTrainer):
                 f"DPPOGRPOTrainer: loss_type={self.loss_type!r} divides by a token count, which pruning changes, so "
                 f"the pruned loss would not estimate the full batch's without bias. Use loss_type='dr_grpo' (the "
                 f"same token-sum loss over a constant normaliser) or 'grpo'; supported: {SUPPORTED_LOSS_TYPES}")
+        if self.loss_type == "dapo" and isinstance(self.estimator, PromptPruning) and self.estimator.prunes_prompts():
+            raise ValueError("DPPOGRPOTrainer: loss_type='dapo' (TRL's default) divides by the token count of every "
+                             "completion of the generation batch, which with prompt pruning includes completions never "
+                             "generated, so the pruned loss would be biased. Set loss_type='dr_grpo' (a constant "
+                             "normaliser) or 'grpo' in GRPOConfig, or build the estimator with prompt_prune_rate=0 "
+                             "(completion pruning is exact under dapo)")
         if self.estimator.name == "pods":
             raise ValueError("DPPOGRPOTrainer: the pods estimator recomputes advantages over the kept completions, "
                              "which TRL's loss does not take from it; run pods with dppo_core's DPPOTrainer")
-        if isinstance(self.estimator, PromptPruning) and self.estimator.prompt_prune_rate > 0 and (
+        if isinstance(self.estimator, PromptPruning) and self.estimator.prunes_prompts() and (
                 self.scale_rewards == "batch" or self.multi_objective_aggregation == "normalize_then_sum"):
             raise ValueError("DPPOGRPOTrainer: with prompt pruning, scale_rewards='batch' and "
                              "multi_objective_aggregation='normalize_then_sum' compute advantages from the rolled-out "
@@ -326,6 +338,11 @@ class DPPOGRPOTrainer(GRPOTrainer):
         self._filler["completion_mask"] = torch.zeros_like(self._filler["completion_mask"])
         self._filler["advantages"] = torch.zeros_like(self._filler["advantages"])
         self._filler["dppo_weights"] = torch.zeros(1, dtype=torch.float64, device=device)
+        if self.loss_type == "dapo":  # the rolled-out prompts' completion tokens (the copies not counted): fixed
+            # before the completion draw, and with no prompt pruned (refused otherwise) the whole batch's
+            mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+            tokens = self.accelerator.gather(mask.sum(1).detach())[:real]
+            batch["num_items_in_batch"] = tokens.sum().to(torch.float32)
         batch = _take_rows(batch, rows, share)
         batch["dppo_weights"] = weights[mine][rows].to(device)
         batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64, device=device)
@@ -370,7 +387,9 @@ class DPPOGRPOTrainer(GRPOTrainer):
         # TRL divides the micro-batch's sum over rows by n and by GA, and DDP, FSDP and ZeRO average the processes'
         # gradients; the step's loss is (S/GA)·(1/C)·Σ w ℓ over the kept rows of every process
         rows = n * cast(int, self.args.steps_per_generation) * self.accelerator.num_processes
-        factor = weights * (rows / inputs["dppo_normalizer"])
+        # dapo: TRL's own normaliser (the rolled-out tokens, set in _generate_and_score_completions) stays, so each
+        # row's token sum is weighted by w alone; the others divide by C instead of the kept rows' count
+        factor = weights if self.loss_type == "dapo" else weights * (rows / inputs["dppo_normalizer"])
         advantages = inputs["advantages"]
         scale = factor.to(advantages.dtype).view(-1, *[1] * (advantages.dim() - 1))
         beta, self.beta = self.beta, 0.0  # TRL's KL term, inside its per-token loss, is added below, weighted
@@ -382,7 +401,13 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if beta != 0.0:
             assert logps is not None  # set by _get_per_token_logps_and_entropies, in the loss's forward above
             kl = self._kl_per_row(inputs, logps)
-            loss = loss + beta * (factor.to(kl.dtype) * kl).sum() / (n * self.current_gradient_accumulation_steps)
+            if self.loss_type == "dapo":  # as TRL's dapo divides the step's token sum
+                per_window = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+                steps = cast(int, self.args.steps_per_generation)
+                divisor = per_window * self.current_gradient_accumulation_steps / steps
+            else:
+                divisor = n * self.current_gradient_accumulation_steps
+            loss = loss + beta * (factor.to(kl.dtype) * kl).sum() / divisor
         return loss
 
     def _kl_per_row(self, inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor:
@@ -405,7 +430,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
             return rows / mask.sum(-1).clamp(min=1.0)
         if self.loss_type == "dr_grpo":
             return rows / self.max_completion_length
-        return rows  # luspo
+        return rows  # luspo, dapo: the token sum
 
     # --- checkpoints: the estimator's history travels with TRL's ------------------------------------------
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

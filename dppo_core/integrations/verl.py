@@ -275,7 +275,7 @@ def dropped_groups() -> tuple[int, int]:
 
 
 def _prunes_prompts(estimator: Estimator | None) -> bool:
-    return isinstance(estimator, PromptPruning) and estimator.prompt_prune_rate > 0
+    return isinstance(estimator, PromptPruning) and estimator.prunes_prompts()
 
 
 def install(estimator: Estimator, group_size: int, step: int = 0) -> None:

@@ -32,8 +32,8 @@ def positions(engine, prompts) -> list[tuple[int, int, int]]:
     ``spy_on_the_continue_draw`` noted."""
     trainer = engine.trainer
     call = 1 if engine.last_step == trainer.step else 0
-    if call == 0:  # the step's selection, as drawn (after the pilot the history has the stopped groups: redrawn,
-        engine.rows = trainer.select_prompts(trainer.step).rows  # it would differ)
+    if call == 0:  # the step's selection, as train_step drew it (rank 0's: after the pilot the history has the
+        engine.rows = trainer.last_selection.rows  # stopped groups, so a redraw would differ)
     engine.last_step, rows = trainer.step, engine.rows
     mine = shard(len(rows), trainer.dist)
     where = list(mine) if call == 0 else [j for j in engine.continued if j in mine]
@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--rollouts", type=Path, required=True)
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--other-draws-on-rank-1", action="store_true",
+                    help="rank 1's estimator draws from other random streams (seed + 1): only rank 0's draws, "
+                         "broadcast, keep the job equal to one process")
     args = ap.parse_args()
     config = DPPOConfig(**json.loads(args.config.read_text()))
     trainer = DPPOTrainer(config, reward_funcs=[parity_reward], progress=False)
@@ -101,6 +104,8 @@ def main() -> None:
     else:
         trainer.engine = ReplayEngine(pickle.loads(args.rollouts.read_bytes()), trainer)
     spy_on_the_continue_draw(trainer, trainer.engine)
+    if args.other_draws_on_rank_1 and trainer.dist.rank == 1:
+        trainer.estimator.seed += 1
     trainer.engine.sync(trainer.model)
     records = [trainer.train_step() for _ in range(config.max_steps)]
     rank = trainer.dist.rank

@@ -23,6 +23,7 @@ from dppo_core.config import (
     DPPOConfig,
     preset,
 )
+from dppo_core.distributed import DistInfo
 from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages
 from dppo_core.pruning import PromptHistory
@@ -107,6 +108,7 @@ class StepParts:
 
     def __init__(self, config: DPPOConfig, estimator, ids: list[str]):
         self.config, self.estimator, self.prompts = config, estimator, Candidates(ids)
+        self.dist = DistInfo()  # one process: rank 0's draws are these
 
 
 def run_step(config: DPPOConfig, estimator, ids: list[str], theta: Params, scale: bool = False,

@@ -405,3 +405,56 @@ def trl_mutants() -> dict[str, type]:
             return inputs
 
     return {"no-filler-when-empty": NoFillerWhenEmpty}
+
+
+# === Issue #64: draws that must be independent, the values of the continue probabilities ===========================
+_ESTIMATOR = "dppo_core.estimator"
+
+#: mutant -> the check of tests/unit/test_draw_streams.py that must catch it
+STREAM_MUTANTS = {
+    LineMutant("continue_draw_on_the_prompt_stream", _ESTIMATOR, "continue_groups",
+               'pruning.step_generator(self.seed, step, "pilot")', 'pruning.step_generator(self.seed, step, "prompts")',
+               "The pilot's continue draw made from the prompt keep draw's random stream (the same uniforms).",
+               owner="DPPOEstimator"): "joint",
+    LineMutant("completion_draw_on_the_prompt_stream", _ESTIMATOR, "weigh",
+               'pruning.step_generator(self.seed, step, "completions")',
+               'pruning.step_generator(self.seed, step, "prompts")',
+               "The completion keep draw made from the prompt keep draw's random stream.", owner="DPPOEstimator"):
+        "joint",
+    LineMutant("completion_draw_on_the_pilot_stream", _ESTIMATOR, "weigh",
+               'pruning.step_generator(self.seed, step, "completions")',
+               'pruning.step_generator(self.seed, step, "pilot")',
+               "The completion keep draw made from the continue draw's random stream.", owner="DPPOEstimator"):
+        "joint",
+    LineMutant("prompt_draw_of_every_step_alike", _ESTIMATOR, "select",
+               'pruning.step_generator(self.seed, step, "prompts")',
+               'pruning.step_generator(self.seed, 0, "prompts")',
+               "The prompt keep draw's stream not advanced with the step: every step draws the same uniforms.",
+               owner="PromptPruning"): "steps",
+}
+
+#: mutant -> the check of tests/unit/test_pilot_evidence.py that must catch it
+PILOT_EVIDENCE_MUTANTS = {
+    LineMutant("stopped_pilot_recorded_as_a_whole_group", "dppo_core.history", "update",
+               "size=r.numel())", "size=None)",
+               "A stopped pilot's k equal rewards enter the prior's fit as a group of 0 or G passes (the record keeps "
+               "no size, so the fit reads it as G trials).", owner="PromptHistory"): "fit",
+}
+
+#: mutant -> the check of tests/unit/test_continue_probs.py that must catch it
+CONTINUE_MUTANTS = {
+    LineMutant("pilot_side_swapped", _POSTERIOR, "continue_probs",
+               "(a0 + s + k, b0 + f) if value == 1.0 else (b0 + f + k, a0 + s)",
+               "(b0 + f + k, a0 + s) if value == 1.0 else (a0 + s + k, b0 + f)",
+               "The pilot's side swapped: an all-pass pilot read as the failures' side (the estimator stays unbiased; "
+               "c_q is simply the wrong one, and pilot_replay would report wrong numbers)."): "values",
+    LineMutant("pilot_evidence_dropped", _POSTERIOR, "continue_probs",
+               "(a0 + s + k, b0 + f) if value == 1.0 else (b0 + f + k, a0 + s)",
+               "(a0 + s, b0 + f) if value == 1.0 else (b0 + f, a0 + s)",
+               "The pilot's k rewards left out of the posterior."): "values",
+    LineMutant("uniform_prior", _POSTERIOR, "continue_probs", "a0, b0 = history.fitted_prior(group_size)",
+               "a0, b0 = 1.0, 1.0", "The pool's fitted prior ignored (uniform)."): "values",
+    LineMutant("history_undiscounted", "dppo_core.history", "evidence",
+               "decay = 0.5 ** ((step - rec.step) / self.half_life)", "decay = 1.0",
+               "The prompt's evidence not discounted with its age.", owner="PromptHistory"): "values",
+}

@@ -82,7 +82,7 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
         assert all(isinstance(v, int) for v in m["tokens"].values())
         # dynamic sampling trains only groups whose rewards differ: the untrained model's are all 0 (tested with
         # signal in test_bench_baselines.py)
-        untrained = name in ("dapo_sampling", "greso_sampling") and m["tokens"]["trained"] == 0
+        untrained = name in ("dapo_sampling", "greso_sampling", "dapo_oversampled") and m["tokens"]["trained"] == 0
         assert m["tokens"]["generated"] > 0 and (untrained or 0 < m["tokens"]["trained"]), name
         assert m["tokens"]["trained"] <= m["tokens"]["update_real"] <= m["tokens"]["row_capacity"], name
         if not name.startswith("trl") and not untrained:  # TRL's logs have no weights or gradient norms

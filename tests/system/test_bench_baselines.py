@@ -13,7 +13,15 @@ from run_helpers import run_config
 
 from dppo_core.data import prompt_key
 from dppo_core.grouplog import read_groups
-from dppo_core.tools.bench.baselines import MAX_ROUNDS, DynamicSampling, OfflineFilter, trainer_mixins
+from dppo_core.tools.bench.baselines import (
+    DAPO_MAX_ROUNDS,
+    MAX_ROUNDS,
+    OVERSAMPLE,
+    DynamicSampling,
+    OfflineFilter,
+    OversampledDynamicSampling,
+    trainer_mixins,
+)
 
 
 def constant(row_id: str) -> bool:
@@ -188,3 +196,73 @@ def test_each_baseline_method_gets_its_mixin():
     assert trainer_mixins("grpo_skip_filtered") == (OfflineFilter,)
     assert trainer_mixins("dapo_sampling") == trainer_mixins("greso_sampling") == (DynamicSampling,)
     assert trainer_mixins("dppo") == ()
+
+
+class EngineSpy(DynamicSampling):
+    """Records each training step's engine calls: the step, the call's random seed and its longest completion."""
+
+    def train_step(self):
+        if not hasattr(self, "calls"):
+            self.calls: list[tuple[int, int, int]] = []
+            self.in_step = False
+            generate = self.engine.generate
+
+            def spy(prompts, n, sampling):
+                batch = generate(prompts, n, sampling)
+                if self.in_step:  # (not the evaluations')
+                    longest = max(c.length for g in batch.groups for c in g.completions)
+                    self.calls.append((self.step + 1, sampling.seed, longest))
+                return batch
+
+            self.engine.generate = spy
+        self.in_step = True
+        try:
+            return super().train_step()
+        finally:
+            self.in_step = False
+
+
+def test_each_round_of_each_seed_samples_from_a_stream_of_its_own_and_counts_its_decode_steps(small_model_dir,
+                                                                                           tmp_path):
+    """No reward signal, so every step runs all its rounds. Every engine call of a run, and of the next seed's run,
+    gets its own random stream (round r of seed s was round 1 of seed s + r - 1), and a step's decode_steps is
+    the sum of its calls' longest completions (not only the trained groups')."""
+    seeds = {}
+    for seed in (0, 1):
+        out = tmp_path / f"seed-{seed}"
+        trainer = EngineSpy(_config(small_model_dir, out, max_steps=2, seed=seed), reward_funcs=[always_one],
+                            progress=False)
+        trainer.train()
+        assert len(trainer.calls) == 2 * MAX_ROUNDS
+        seeds[seed] = {s for _, s, _ in trainer.calls}
+        assert len(seeds[seed]) == 2 * MAX_ROUNDS, "two calls of one run shared a stream"
+        steps = [m for m in _lines(out / "metrics.jsonl") if "step_time" in m]
+        for m in steps:
+            assert m["decode_steps"] == sum(longest for step, _, longest in trainer.calls if step == m["step"])
+            assert m["decode_steps"] > max(max(x) for x in read_groups(out)[m["step"] - 1]["lengths"])
+    assert not seeds[0] & seeds[1], "a round of one seed reused another seed's stream"
+
+
+def test_dapo_oversampled_rolls_out_three_times_the_batch_in_each_round(small_model_dir, tmp_path):
+    """DAPO's recipe: every round one call of 3 x prompts_per_step candidates, up to 10 rounds; a step still short
+    trains what it has and says so (the recipe raises)."""
+    trainer = OversampledDynamicSampling(_config(small_model_dir, tmp_path / "none", max_steps=1),
+                                         reward_funcs=[always_one], progress=False)
+    trainer.train()
+    (m,) = [m for m in _lines(tmp_path / "none" / "metrics.jsonl") if "step_time" in m]
+    k = trainer.config.prompts_per_step
+    assert m["ds_rounds"] == DAPO_MAX_ROUNDS == 10 and m["prompts_rolled_out"] == OVERSAMPLE * k * 10
+    assert m["ds_short"] == 1 and m["tokens_trained"] == 0
+    trainer = OversampledDynamicSampling(_config(small_model_dir, tmp_path / "half", max_steps=2),
+                                         reward_funcs=[constant_for_half], progress=False)
+    trainer.train()
+    for m, g in zip([m for m in _lines(tmp_path / "half" / "metrics.jsonl") if "step_time" in m],
+                    read_groups(tmp_path / "half"), strict=True):
+        assert m["prompts_rolled_out"] == OVERSAMPLE * k * m["ds_rounds"] == len(g["ids"])  # whole batches only
+        mixed = sum(not _all_equal(r) for r in g["rewards"])
+        assert m["ds_short"] == int(mixed < k) and (mixed >= k or m["ds_rounds"] == 10)
+
+
+def test_the_dapo_methods_get_their_mixins():
+    assert trainer_mixins("dapo_oversampled") == (OversampledDynamicSampling,)
+    assert trainer_mixins("dapo_sampling") == (DynamicSampling,)

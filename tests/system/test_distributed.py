@@ -80,6 +80,12 @@ SETTINGS = {
     # pilot, then continue: the continue draw over every rank's pilots, each rank's rest, the joined groups
     "dppo-pilot": dict(pruning="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5, min_prompt_keep_prob=0.3,
                        dense_prompts=True, pilot_size=2, continue_probability=0.4, continue_scheme="posterior"),
+    # the fitted prompt rule (a prior fitted to the pool's history on every rank) with a pilot, and rank 1 drawing
+    # from other streams than rank 0 (--other-draws-on-rank-1): the job equals one process only because every draw
+    # (selection, continue, completions) is rank 0's, broadcast
+    "dppo-fitted-rank0-draws": dict(pruning="dppo", prompt_prune_rate=0.5, prompt_scheme="fitted",
+                                    completion_prune_rate=0.5, min_prompt_keep_prob=0.2, dense_prompts=True,
+                                    pilot_size=2, continue_probability=0.4, continue_scheme="posterior"),
 }
 
 
@@ -97,7 +103,9 @@ def test_two_gloo_ranks_update_like_one_process(small_model_dir, tmp_path, name)
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, str(WORKER), "--config", str(cfg), "--rollouts", str(rollouts), "--record",
           "--out", str(one)], tmp_path)
-    _run(_torchrun(2) + [str(WORKER), "--config", str(cfg), "--rollouts", str(rollouts), "--out", str(two)], tmp_path)
+    other = ["--other-draws-on-rank-1"] if name.endswith("rank0-draws") else []
+    _run(_torchrun(2) + [str(WORKER), "--config", str(cfg), "--rollouts", str(rollouts), "--out", str(two), *other],
+         tmp_path)
 
     start = dict(load_model(small_model_dir)[0].named_parameters())
     ref = torch.load(one / "weights-rank0.pt")

@@ -56,6 +56,7 @@ def make_trainer(trl: Any, model_dir: Path, out: Path, estimator: Estimator | No
                   logging_steps=1, disable_tqdm=True, dataloader_pin_memory=False,
                   model_init_kwargs={"dtype": "float32"})
     kwargs.update(overrides)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: GRPOConfig's own default
     cls = cls or (trl.GRPOTrainer if estimator is None else DPPOGRPOTrainer)
     extra = {} if estimator is None else {"estimator": estimator}
     return cls(model=str(model_dir), reward_funcs=[char_reward], args=trl.GRPOConfig(**kwargs),
@@ -120,6 +121,10 @@ NO_PRUNING = {
     # two PPO iterations per generation batch
     "sapo-iterations": ("sapo", {"beta": 0.04, "num_iterations": 2}, 2),
     "luspo-sequence": ("luspo", {"beta": 0.04, "importance_sampling_level": "sequence"}, 1),
+    # TRL's default loss type: the token sum over every rolled-out completion token, KL importance-corrected (TRL's
+    # default use_bias_correction_kl), in one accumulation window and split over two optimizer steps
+    "dapo-kl": ("dapo", {"beta": 0.04}, 1),
+    "dapo-kl-split": ("dapo", {"beta": 0.04, "gradient_accumulation_steps": 2, "steps_per_generation": 4}, 2),
 }
 
 
@@ -128,7 +133,7 @@ NO_PRUNING = {
 def test_keep_everything_matches_grpo_trainer(trl, small_model_dir, tmp_path, case):
     """With every keep probability 1, one or two steps give TRL's loss and TRL's parameter update."""
     loss_type, overrides, steps = NO_PRUNING[case]
-    estimator = (Estimator() if case != "dr_grpo-kl-split"
+    estimator = (Estimator() if not case.endswith("-split")
                  else DPPOEstimator(prompt_prune_rate=0.0, completion_prune_rate=0.0, drop_zero_advantage=False))
     _, plain, plain_delta = run(trl, small_model_dir, tmp_path / "plain", steps=steps, loss_type=loss_type, **overrides)
     trainer, ours, our_delta = run(trl, small_model_dir, tmp_path / "dppo", estimator, steps=steps,
@@ -237,15 +242,54 @@ def test_loss_is_the_weighted_sum_over_the_normaliser(trl, small_model_dir, tmp_
     assert trainer.state.log_history[0]["dppo/completions_kept"] == pytest.approx(10 / 16)
 
 
+class FixedWeightsWithLengths(FixedWeights):
+    """:class:`FixedWeights` that also records each completion's token count (as the ``length`` scheme reads it)."""
+
+    needs_lengths = True
+
+    def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
+              lengths: torch.Tensor | None = None) -> Weighting:
+        self.lengths = lengths
+        return super().weigh(advantages, selection, step)
+
+
 @pytest.mark.numerics
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
-def test_loss_and_gradient_are_the_weighted_sum(trl, small_model_dir, tmp_path, loss_type):
+def test_trls_default_loss_type_trains_with_dppos_estimator(trl, small_model_dir, tmp_path):
+    """GRPOConfig's own loss_type (dapo in TRL 1.16) and use_bias_correction_kl (True) left as they are: the real
+    estimator pruning completions trains, and the loss is Σ_kept w·(token sum of ℓ) over every rolled-out
+    completion token (fixed before the completion draw), not over the kept ones."""
+    estimator = DPPOEstimator(completion_prune_rate=0.5, fixed_size_sampling=True, min_completion_keep_prob=0.2,
+                              beta=0.04)  # TRL's KL term: completions with A = 0 keep a loss
+    trainer, output, delta = run(trl, small_model_dir, tmp_path / "dppo", estimator, loss_type=None, beta=0.04)
+    assert trainer.args.loss_type == "dapo" and trainer.args.use_bias_correction_kl
+    kept = [r["dppo/completions_kept"] for r in trainer.state.log_history if "dppo/completions_kept" in r]
+    assert kept and all(0 < k < 1 for k in kept)
+    assert max_abs(delta) > 0 and torch.isfinite(torch.tensor(output.training_loss))
+
+    # one PPO iteration (ratio 1, beta 0): a completion's per-token loss is -A, its token sum -A·T
+    fixed = FixedWeightsWithLengths(ramp, c=16)
+    _, output, _ = run(trl, small_model_dir, tmp_path / "fixed", fixed, loss_type=None)
+    ((advantages, w),) = fixed.seen
+    lengths = fixed.lengths.to(torch.float64)
+    assert advantages.abs().sum() > 0 and (w == 0).any() and lengths.sum() > lengths[w > 0].sum()
+    expected = float(-(w * advantages * lengths).sum() / lengths.sum())
+    assert output.training_loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    kept_only = float(-(w * advantages * lengths).sum() / lengths[w > 0].sum())  # what TRL's count would give
+    assert output.training_loss != pytest.approx(kept_only, rel=1e-3)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("loss_type,bias_correction", [("grpo", True), ("dr_grpo", True), ("dapo", True),
+                                                       ("dapo", False)])
+def test_loss_and_gradient_are_the_weighted_sum(trl, small_model_dir, tmp_path, loss_type, bias_correction):
     """One micro-batch through DPPOGRPOTrainer._compute_loss against the loss written out by hand:
-    (S/GA)·(1/C)·Σ w·ℓ, ℓ = TRL's clipped surrogate plus beta·k3 KL (times the ratio, TRL's bias correction),
-    with ratios away from 1 (some clipped) and a reference policy away from the model."""
+    (S/GA)·(1/C)·Σ w·ℓ (dapo: (S/GA)·Σ w·(token sum of ℓ) / the generation batch's tokens), ℓ = TRL's clipped
+    surrogate plus beta·k3 KL (times the ratio with TRL's bias correction, its default), with ratios away from 1
+    (some clipped) and a reference policy away from the model."""
     beta, eps, steps_per_generation, accumulation = 0.04, 0.2, 4, 2
     trainer = make_trainer(trl, small_model_dir, tmp_path, Estimator(), loss_type=loss_type, beta=beta,
-                           gradient_accumulation_steps=accumulation, steps_per_generation=steps_per_generation)
+                           gradient_accumulation_steps=accumulation, steps_per_generation=steps_per_generation,
+                           use_bias_correction_kl=bias_correction)
     model = trainer.model.train()
     trainer.current_gradient_accumulation_steps = accumulation
     gen = torch.Generator().manual_seed(1)
@@ -286,10 +330,13 @@ def test_loss_and_gradient_are_the_weighted_sum(trl, small_model_dir, tmp_path, 
     a = advantages[:, None]
     per_token = -torch.minimum(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
     d = ref - logp
-    per_token = per_token + beta * (torch.exp(d) - d - 1) * ratio
+    per_token = per_token + beta * (torch.exp(d) - d - 1) * (ratio if bias_correction else 1.0)
     sums = (per_token * mask).sum(-1)
-    per_row = sums / mask.sum(-1) if loss_type == "grpo" else sums / 8  # dr_grpo: / max_completion_length
-    hand = (weights.float() * per_row).sum() / c * steps_per_generation / accumulation
+    if loss_type == "dapo":  # over the generation batch's tokens (here this micro-batch's), not over C
+        hand = (weights.float() * sums).sum() / mask.sum() * steps_per_generation / accumulation
+    else:
+        per_row = sums / mask.sum(-1) if loss_type == "grpo" else sums / 8  # dr_grpo: / max_completion_length
+        hand = (weights.float() * per_row).sum() / c * steps_per_generation / accumulation
     hand_grads = grads(hand)
 
     assert float(ours) == pytest.approx(float(hand), rel=1e-5)
@@ -305,7 +352,9 @@ def test_loss_and_gradient_are_the_weighted_sum(trl, small_model_dir, tmp_path, 
 
 
 REFUSED = {
-    "dapo": ({"loss_type": "dapo"}, Estimator(), r"loss_type='dapo'.*token count.*loss_type='dr_grpo'"),
+    # dapo is exact with completion pruning; with prompt pruning its normaliser counts completions never generated
+    "dapo": ({"loss_type": "dapo"}, DPPOEstimator(prompt_prune_rate=0.5),
+             r"loss_type='dapo'.*never generated.*loss_type='dr_grpo'.*prompt_prune_rate=0"),
     "bnpo": ({"loss_type": "bnpo"}, Estimator(), r"loss_type='bnpo'.*token count.*loss_type='dr_grpo'"),
     "batch-scaled": ({"scale_rewards": "batch"}, DPPOEstimator(prompt_prune_rate=0.5), r"scale_rewards='batch'"),
     "dense": ({}, DPPOEstimator(prompt_prune_rate=0.5, dense_prompts=True), r"dense_prompts"),

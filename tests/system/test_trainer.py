@@ -327,7 +327,8 @@ def test_a_pilot_rolls_out_the_rest_of_the_continued_groups_and_resumes_exactly(
 
     def counted(prompts, n, sampling):
         if in_step:
-            calls.append((full.step, len(prompts), n, sampling.seed))
+            calls.append((full.step, len(prompts), n, sampling.seed,
+                          (sampling.temperature, sampling.top_p, sampling.max_tokens)))
         return generate(prompts, n, sampling)
 
     def step():
@@ -342,14 +343,20 @@ def test_a_pilot_rolls_out_the_rest_of_the_continued_groups_and_resumes_exactly(
     rows = _lines(tmp_path / "a" / "metrics.jsonl")
     groups = _lines(tmp_path / "a" / "groups.jsonl")
     assert len(rows) == len(groups) == 4
-    for r, g in zip(rows, groups, strict=True):
+    by_step = {g["step"]: g for g in groups}
+    assert sorted(by_step) == [r["step"] for r in rows] == [1, 2, 3, 4]  # one group line per step, under its step
+    for r in rows:
+        g = by_step[r["step"]]  # paired by step, not by position: a line written under the wrong step fails here
         stopped = g.get("stopped", {"ids": [], "rewards": [], "lengths": []})
         step_calls = [c for c in calls if c[0] == r["step"] - 1]
         assert step_calls[0][1:3] == (r["prompts_rolled_out"], 2)  # the pilot: k = 2 for every kept prompt
         continued = len(g["ids"])
         assert r["prompts_rolled_out"] == continued + r["pilot_groups_stopped"] == continued + len(stopped["ids"])
-        if continued:  # the rest: G - k = 2 more for each continued group, from another random stream
+        if continued:  # the rest: G - k = 2 more for each continued group, from another random stream, sampled
+            # as the pilot was (the same temperature, top-p and length: one group's completions, one distribution)
             assert step_calls[1][1:3] == (continued, 2) and step_calls[1][3] != step_calls[0][3]
+            assert step_calls[1][4] == step_calls[0][4] == (full.config.temperature, full.config.top_p,
+                                                         full.config.max_completion_length)
         assert all(len(x) == 4 for x in g["rewards"]) and all(len(x) == 2 for x in stopped["rewards"])
         assert all(len(set(x)) == 1 for x in stopped["rewards"])  # only an all-equal pilot can be stopped
         assert r["completions_rolled_out"] == 2 * r["prompts_rolled_out"] + 2 * continued

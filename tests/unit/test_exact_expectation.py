@@ -123,7 +123,8 @@ def test_the_pilot_is_exact_in_the_default_combination(monkeypatch, scheme):
 #: estimator settings every matrix holds fixed, and why
 HELD = {"seed": "the draws are enumerated, not seeded",
         "num_generations": "G = 3 keeps the enumeration small; nothing in the estimator special-cases G",
-        "prompt_window_factor": "it only bounds how far a dense window looks; 2 keeps the enumeration small"}
+        "prompt_window_factor": "it only bounds how far a dense window looks; 2 keeps the enumeration small",
+        "greso_target_zero_variance": "GRESO's adaptive rule is a biased baseline (no weights): test_greso.py"}
 #: the pruning modes that are not unbiased, each shown biased below
 BIASED = ("cppo", "greso", "pods")
 

@@ -9,17 +9,25 @@ mixins); the step's estimator, update and logs are the trainer's own.
   run's: its metrics line (``event: prefilter``) is counted by :func:`dppo_core.tools.bench.summary.summarize_run`
   before the first step. One group per prompt is the practitioners' cheap filter (a prompt at p = 0.9 comes out
   8/8 43% of the time and is dropped); a prompt the model learns to solve stays in.
-- :class:`DynamicSampling` (``dapo_sampling``, ``greso_sampling``): DAPO's dynamic sampling (Yu et al., arXiv
+- :class:`DynamicSampling` (``dapo_sampling``, ``greso_sampling``; :class:`OversampledDynamicSampling`,
+  ``dapo_oversampled``, as DAPO's recipe draws): DAPO's dynamic sampling (Yu et al., arXiv
   2503.14476): roll out, drop the groups whose rewards are all equal, and roll out more candidates until
   ``prompts_per_step`` informative groups are in hand (or :data:`MAX_ROUNDS` rounds), then train on the first
   ``prompts_per_step`` of them. **A changed objective**: every step trains on informative groups only, with the
   normaliser of a full batch of them, so the gradient is larger than GRPO's over the same candidates by about
   1 / (the informative share); it is not an estimate of GRPO's. Each refill round asks for the missing count over
-  the informative share seen so far in the step (at least 1, at most 2 x ``prompts_per_step``). ``greso_sampling``
+  the informative share seen so far in the step (at least 1, at most 2 x ``prompts_per_step``), in an engine call of
+  its own with a random stream of its own (seed, step, round), and a step that ends short trains what it has.
+  **Which variant this is**: a sequential, adaptive refill. DAPO's recipe instead draws a generation batch of 3 x
+  the train batch in one call, refills with whole such batches for up to 10 rounds and raises on a step still
+  short; verl 0.9.1 overlaps the refill with generation still in flight. Ours rolls out fewer surplus groups than
+  the 3x call (so fewer tokens), but pays each round's sequential decode steps (``decode_steps`` sums them), which on
+  an engine where a call's cost is its longest completion favours the one large call. ``greso_sampling``
   runs the same loop with GRESO's skip before each round (Zheng et al., arXiv 2506.02177, built on dynamic
-  sampling): a candidate whose last group was all-equal is skipped with probability ``prompt_prune_rate``; GRESO's
-  own rule (a skip probability per count of consecutive all-equal groups, adapted toward a target share) is
-  simplified to that one rate.
+  sampling): with ``greso_target_zero_variance`` (the bench's setting, 0.25 as the authors run it) GRESO's own rule,
+  a candidate kept with max(p^z, 0.01) after z all-equal groups in a row, p per side adapted each step toward the
+  target (:class:`~dppo_core.biased_baselines.GRESOExploration`); without it a candidate whose last group was
+  all-equal is skipped with the one probability ``prompt_prune_rate`` (what the first cpu-realistic comparison ran).
 
 Every rolled-out group, dropped or trained, is in ``groups.jsonl`` (``pi`` 1 for all: none is weighted), so the
 rolled-out all-equal share and the persistence are read from it as for every method; ``metrics.jsonl`` counts the
@@ -32,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -114,21 +122,22 @@ class DynamicSampling(DPPOTrainer):
             raise ValueError(f"dynamic sampling with pruning {self.config.pruning!r} and prompt_prune_rate > 0 would "
                              "drop its prompt weights 1/π; use pruning greso (unweighted skips) or prompt_prune_rate 0")
         k, g = self.config.prompts_per_step, self.config.num_generations
-        stream = self.prompts.sample(self.config.seed, step, 2 * k * MAX_ROUNDS)
+        stream = self.prompts.sample(self.config.seed, step, self.round_cap(k) * self.max_rounds)
         mixed: list[tuple[dict[str, Any], Any, torch.Tensor, dict[str, torch.Tensor]]] = []
         logged: dict[str, list[Any]] = {"ids": [], "rewards": [], "lengths": []}
         t_rollout = t_reward = 0.0
-        rounds, used, rolled, tokens = 0, 0, 0, 0
-        while len(mixed) < k and rounds < MAX_ROUNDS and used < len(stream):
-            share = len(mixed) / rolled if rolled else 1.0
-            want = min(2 * k, max(1, math.ceil((k - len(mixed)) / max(share, 1 / (2 * k)))))
+        rounds, used, rolled, tokens, decode = 0, 0, 0, 0, 0
+        while len(mixed) < k and rounds < self.max_rounds and used < len(stream):
+            want = self.round_size(k, len(mixed), rolled)
             window, used = stream[used:used + want], used + want
             rows = [window[i] for i in self._round_keep(window, step, rounds)]
             rounds += 1
             if not rows:
                 continue
             t0 = time.perf_counter()
-            rows, batch = super().rollout(step + 1_000_003 * (rounds - 1), rows)
+            # each round its own engine call with its own random stream (the first round's is the step's plain one,
+            # as grpo_skip's): a stream of (seed, step, round), never another seed's or step's
+            rows, batch = super().rollout(step, rows, call=rounds - 1)
             t1 = time.perf_counter()
             parts: dict[str, torch.Tensor] = {}
             rewards = self.score(rows, batch, parts=parts)
@@ -137,6 +146,7 @@ class DynamicSampling(DPPOTrainer):
             logged["ids"] += [prompt_key(r) for r in rows]
             logged["rewards"].append(rewards)
             logged["lengths"].append(_group_lengths(batch))
+            decode += int(logged["lengths"][-1].max())  # this call's sequential decode steps: its longest completion
             equal = [not informative(r) for r in rewards.tolist()]
             if any(equal):  # the dropped groups go into the history now (train_step observes the trained ones)
                 drop = torch.tensor(equal)
@@ -161,19 +171,34 @@ class DynamicSampling(DPPOTrainer):
         lengths = torch.cat(logged["lengths"]) if rolled else torch.zeros(0, g, dtype=torch.long)
         self._extra = {"time_rollout": t_rollout, "time_reward": t_reward, "tokens_generated": tokens,
                        "completions_rolled_out": rolled * g, "prompts_rolled_out": rolled, "prompts_candidates": used,
+                       "decode_steps": decode,  # every round's engine call, not only the trained groups' longest
                        "zero_std_groups": (rewards.std(dim=1) == 0).float().mean().item() if rolled else 0.0,
                        # over every rolled-out group, as the other methods log it (not only the trained ones)
                        "reward_mean": rewards.mean().item() if rolled else 0.0,
                        "reward_std": rewards.std().item() if rolled else 0.0,
-                       "ds_rounds": rounds, "ds_dropped_groups": rolled - len(rows),
+                       "ds_rounds": rounds, "ds_dropped_groups": rolled - len(rows), "ds_short": int(len(rows) < k),
                        "groups": group_record(step + 1, used, logged["ids"], torch.ones(rolled, dtype=torch.float64),
                                               rewards, lengths)}
         return PromptSelection(list(range(len(rows))), torch.ones(len(rows), dtype=torch.float64), len(rows), rows)
 
+    #: At most this many rollout rounds a step.
+    max_rounds = MAX_ROUNDS
+
+    def round_cap(self, k: int) -> int:
+        """The most candidates one round rolls out."""
+        return 2 * k
+
+    def round_size(self, k: int, informative: int, rolled: int) -> int:
+        """How many candidates the next round rolls out, given the informative groups in hand and the groups rolled
+        out so far in the step: the missing count over the informative share seen so far (at least 1, at most
+        :meth:`round_cap`)."""
+        share = informative / rolled if rolled else 1.0
+        return min(self.round_cap(k), max(1, math.ceil((k - informative) / max(share, 1 / (2 * k)))))
+
     def _round_keep(self, window: list[dict[str, Any]], step: int, rounds: int) -> list[int]:
         """Which of a round's candidates to roll out: all, or, with ``greso``, its skips drawn for this round (each
         round of a step its own Bernoulli draws; the first round's are those of the estimator's ``select``)."""
-        if self.config.pruning != "greso" or self.config.prompt_prune_rate == 0:
+        if self.config.pruning != "greso" or not cast(PromptPruning, self.estimator).prunes_prompts():
             return list(range(len(window)))
         assert isinstance(self.estimator, PromptPruning)  # greso's estimator
         probs = self.estimator.prompt_probs([prompt_key(r) for r in window], step)
@@ -220,9 +245,30 @@ class DynamicSampling(DPPOTrainer):
         return {**record, **extra}
 
 
+class OversampledDynamicSampling(DynamicSampling):
+    """Dynamic sampling as DAPO's recipe runs it (``dapo_oversampled``): every round rolls out a generation batch of
+    :data:`OVERSAMPLE` x ``prompts_per_step`` candidates in one engine call, for up to :data:`DAPO_MAX_ROUNDS` rounds
+    (the recipe's ``gen_prompt_bsz = 3 x train_prompt_bsz`` and ``max_num_gen_batches = 10``). One departure: a step
+    still short after the last round trains what it has (``ds_short`` 1) where the recipe raises, so a bench run
+    finishes; the logs say how often it happened."""
+
+    max_rounds = 10
+
+    def round_cap(self, k: int) -> int:
+        return OVERSAMPLE * k
+
+    def round_size(self, k: int, informative: int, rolled: int) -> int:
+        return OVERSAMPLE * k
+
+
+#: DAPO's recipe: a generation batch of 3 x the train batch's prompts per round, at most 10 rounds a step.
+OVERSAMPLE = 3
+DAPO_MAX_ROUNDS = OversampledDynamicSampling.max_rounds
+
 #: The mixins of each bench method that needs one (the others run the trainer as it is).
 BASELINE_MIXINS: dict[str, tuple[type[DPPOTrainer], ...]] = {
-    "grpo_skip_filtered": (OfflineFilter,), "dapo_sampling": (DynamicSampling,), "greso_sampling": (DynamicSampling,)}
+    "grpo_skip_filtered": (OfflineFilter,), "dapo_sampling": (DynamicSampling,), "greso_sampling": (DynamicSampling,),
+    "dapo_oversampled": (OversampledDynamicSampling,)}
 
 
 def trainer_mixins(method: str) -> tuple[type[DPPOTrainer], ...]:
