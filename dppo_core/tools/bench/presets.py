@@ -302,7 +302,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                          "reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated on levels 2-5",
         base="tiny-grpo", methods=CPU_REALISTIC_METHODS,
         overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
-        runtime="about 2 hours on 2 CPU cores (30 runs of 1.5-6.5 minutes; dynamic sampling the longest); --seeds 1 "
+        runtime="about 2.5 hours on 2 CPU cores (35 runs of 1.5-6.5 minutes; dynamic sampling the longest); --seeds 1 "
                 "for a first look"),
     BenchPreset(
         "gpu-qwen3",
