@@ -30,6 +30,7 @@ class PromptRecord:
     failures: float | None = None
     size: int | None = None  # the group's rewards: G, or k for a pilot stopped after k (None: an old record, G)
     streak: int | None = None  # consecutive all-equal groups of one value ending with this one (0: it was mixed)
+    outside_unit_at: int | None = None  # the step of the first group in this evidence with a reward outside [0, 1]
 
     @property
     def equal_streak(self) -> int:
@@ -101,9 +102,12 @@ class PromptHistory:
             mean, std = float(r.mean()), float(r.std(unbiased=False))
             hits = r.numel() * min(1.0, max(0.0, mean))
             same = prev is not None and not stale and prev.degenerate and prev.mean_reward == mean
+            outside = prev.outside_unit_at if prev is not None and not stale else None
+            if outside is None and bool(((r < -1e-9) | (r > 1 + 1e-9)).any()):
+                outside = int(step)  # the posterior's evidence clips it: posterior.check_pass_rates refuses it
             streak = 0 if std != 0.0 else (prev.equal_streak + 1 if same and prev is not None else 1)
             self.records[pid] = PromptRecord(
-                mean_reward=mean, reward_std=std, streak=streak,
+                mean_reward=mean, reward_std=std, streak=streak, outside_unit_at=outside,
                 mean_abs_advantage=float(a.abs().mean()), step=int(step), seen=(prev.seen + 1) if prev else 1,
                 successes=s_prev + hits, failures=f_prev + r.numel() - hits, size=r.numel())
 

@@ -52,11 +52,20 @@ def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) ->
     functions such as accuracy + format, rewards in {-1, 2}, continuous scores such as 3.7) make that evidence
     wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all passed).
     Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1], equality
-    for pass/fail rewards), so a record outside those bounds cannot come from them; the check sees the last
-    group only (the history keeps its mean and std, not its rewards), so an earlier group outside [0, 1] whose
-    record was replaced by one inside goes unseen.
+    for pass/fail rewards), so a record outside those bounds cannot come from them. Every group whose rewards left
+    [0, 1] is remembered in the record (``outside_unit_at``, the first one's step, kept until the prompt's evidence is
+    dropped as stale), so an earlier such group is refused even after a group inside [0, 1]; the bounds are the check
+    of a record written before that was kept.
     """
     m, v = record.mean_reward, record.reward_std ** 2
+    if record.outside_unit_at is not None:
+        raise ValueError(
+            f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
+            f"{prompt_id!r} had a group (step {record.outside_unit_at}) with rewards outside [0, 1] (its last group's "
+            f"mean reward {m:.6g}, std {record.reward_std:.6g}): its evidence was clipped into [0, 1] and the "
+            "posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
+            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
+            "'proportional', which read only |A|")
     if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
         raise ValueError(
             f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "

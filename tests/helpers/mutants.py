@@ -382,6 +382,10 @@ REWARD_RANGE_MUTANTS = {
     LineMutant("pass_fail_only", _POSTERIOR, "check_pass_rates", "v <= m * (1 - m) + tol",
                "abs(v - m * (1 - m)) <= tol",
                "Only pass/fail rewards accepted: fractional rewards in [0, 1] refused."): "posterior_accepts",
+    LineMutant("earlier_group_outside_forgotten", "dppo_core.history", "update",
+               "outside = prev.outside_unit_at if prev is not None and not stale else None", "outside = None",
+               "Only the last group's rewards are checked: an earlier group outside [0, 1] is forgotten once a group "
+               "inside follows.", owner="PromptHistory"): "posterior_refuses_earlier",
     LineMutant("history_scored_by_mean_reward", "dppo_core.history", "score", "return rec.mean_abs_advantage",
                "return min(1.0, max(0.0, rec.mean_reward))",
                "A prompt scored by its last mean reward clipped into [0, 1] instead of its mean |A|.",

@@ -536,6 +536,24 @@ def test_the_posterior_refuses_rewards_outside_the_unit_interval_naming_the_prom
     _check_the_posterior_refuses_rewards_outside_the_unit_interval()
 
 
+def _check_the_posterior_refuses_an_earlier_group_outside_the_unit_interval():
+    """A group outside [0, 1] stays in the prompt's evidence after groups inside it: still refused, naming its step,
+    until the evidence is dropped as stale."""
+    h = PromptHistory(half_life=20.0)
+    bad, ok = torch.tensor([[2.0, -1, 2, -1, 2, -1, 2, -1]]), torch.tensor([[1.0, 0, 0, 1, 0, 0, 1, 0]])
+    h.update(["q"], bad, _advantages(bad, "group"), step=3)
+    for step in (4, 5):
+        h.update(["q"], ok, _advantages(ok, "group"), step=step)
+    with pytest.raises(ValueError, match=r"posterior.*'q' had a group \(step 3\)"):
+        posterior.posterior_scores(h, ["q"], 8, step=6)
+    h.update(["q"], ok, _advantages(ok, "group"), step=40, max_age=10)  # stale: its evidence starts afresh
+    assert 0 < float(posterior.posterior_scores(h, ["q"], 8, step=41, max_age=10)[0]) < 1
+
+
+def test_the_posterior_refuses_an_earlier_group_outside_the_unit_interval():
+    _check_the_posterior_refuses_an_earlier_group_outside_the_unit_interval()
+
+
 def _check_the_posterior_takes_rewards_in_the_unit_interval():
     h = PromptHistory(half_life=20.0)
     ids = [f"q{i}" for i in range(len(INSIDE))]
@@ -560,6 +578,8 @@ REWARD_RANGE_CHECKS = {  # the check each kind of mutant must fail, and how it f
     "completions": (_check_completion_probs_take_any_rewards, AssertionError),
     "prompts": (_check_prompt_probs_from_rewards_outside_the_unit_interval, AssertionError),
     "posterior_refuses": (_check_the_posterior_refuses_rewards_outside_the_unit_interval, pytest.fail.Exception),
+    "posterior_refuses_earlier": (_check_the_posterior_refuses_an_earlier_group_outside_the_unit_interval,
+                                  pytest.fail.Exception),
     "posterior_accepts": (_check_the_posterior_takes_rewards_in_the_unit_interval, ValueError),
 }
 
