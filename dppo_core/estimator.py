@@ -380,8 +380,9 @@ class GRESOEstimator(PromptPruning):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if self.exploration is not None and "exploration" in state:
-            self.exploration = biased_baselines.GRESOExploration(**state["exploration"])
+        if self.exploration is not None and "exploration" in state:  # the run's probabilities, this config's target
+            self.exploration = biased_baselines.GRESOExploration(
+                **{**state["exploration"], "target": self.exploration.target})
 
 
 @dataclass(kw_only=True)

@@ -76,6 +76,10 @@ def test_the_estimator_from_a_config_adapts_resumes_and_skips():
     again.load_state_dict(est.state_dict())
     assert again.exploration == est.exploration and again.select(ids, 2, size=40).probs.tolist() == \
         est.select(ids, 2, size=40).probs.tolist()
+    # a resumed run with another target keeps the probabilities it reached and adapts toward the new target
+    other = make_estimator(DPPOConfig(pruning="greso", greso_target_zero_variance=0.5))
+    other.load_state_dict(est.state_dict())
+    assert other.exploration.target == 0.5 and other.exploration.p_solved == est.exploration.p_solved
     # without the target: the constant rule at prompt_prune_rate, as before
     plain = make_estimator(DPPOConfig(pruning="greso", prompt_prune_rate=0.5))
     assert plain.exploration is None and "exploration" not in plain.state_dict()
