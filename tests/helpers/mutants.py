@@ -305,8 +305,12 @@ class LineMutant:
             raise AssertionError(f"mutant {self.__name__}: {self.old!r} occurs {source.count(self.old)} times in "
                                  f"{self.module}.{self.function}, not once: update the mutant to the code")
         namespace = dict(vars(mod))  # the module's globals, copied: the real module is left as it is
-        exec(compile(source.replace(self.old, self.new), f"<mutant {self.__name__}>", "exec"), namespace)
-        return namespace[self.function]
+        source = source.replace(self.old, self.new)
+        if self.owner is not None:  # a method: compiled inside a function whose __class__ is the owner, so that
+            # a zero-argument super() in it finds its class (the cell the compiler gives methods in a class body)
+            source = "def _mutant_of(__class__):\n" + textwrap.indent(source, "    ") + f"    return {self.function}\n"
+        exec(compile(source, f"<mutant {self.__name__}>", "exec"), namespace)
+        return namespace["_mutant_of"](target) if self.owner is not None else namespace[self.function]
 
     def install(self, monkeypatch) -> None:
         monkeypatch.setattr(self._target()[1], self.function, self.build())

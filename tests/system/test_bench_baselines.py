@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 import torch
+from mutants import LineMutant
 from run_helpers import run_config
 
 from dppo_core.data import prompt_key
@@ -222,11 +223,7 @@ class EngineSpy(DynamicSampling):
             self.in_step = False
 
 
-def test_each_round_of_each_seed_samples_from_a_stream_of_its_own_and_counts_its_decode_steps(small_model_dir,
-                                                                                           tmp_path):
-    """No reward signal, so every step runs all its rounds. Every engine call of a run, and of the next seed's run,
-    gets its own random stream (round r of seed s was round 1 of seed s + r - 1), and a step's decode_steps is
-    the sum of its calls' longest completions (not only the trained groups')."""
+def _check_rounds(small_model_dir, tmp_path):
     seeds = {}
     for seed in (0, 1):
         out = tmp_path / f"seed-{seed}"
@@ -241,6 +238,36 @@ def test_each_round_of_each_seed_samples_from_a_stream_of_its_own_and_counts_its
             assert m["decode_steps"] == sum(longest for step, _, longest in trainer.calls if step == m["step"])
             assert m["decode_steps"] > max(max(x) for x in read_groups(out)[m["step"] - 1]["lengths"])
     assert not seeds[0] & seeds[1], "a round of one seed reused another seed's stream"
+
+
+def test_each_round_of_each_seed_samples_from_a_stream_of_its_own_and_counts_its_decode_steps(small_model_dir,
+                                                                                           tmp_path):
+    """No reward signal, so every step runs all its rounds. Every engine call of a run, and of the next seed's run,
+    gets its own random stream (round r of seed s was round 1 of seed s + r - 1), and a step's decode_steps is
+    the sum of its calls' longest completions (not only the trained groups')."""
+    _check_rounds(small_model_dir, tmp_path)
+
+
+_BASELINES = "dppo_core.tools.bench.baselines"
+#: each a line of DynamicSampling.select_prompts made wrong, which the check above must catch
+ROUND_MUTANTS = [
+    LineMutant("rounds_share_the_steps_stream", _BASELINES, "select_prompts", "call=rounds - 1)", "call=0)",
+               "Every refill round samples from the step's first stream.", owner="DynamicSampling"),
+    LineMutant("refill_seed_from_the_next_seed", _BASELINES, "select_prompts",
+               "super().rollout(step, rows, call=rounds - 1)", "super().rollout(step + 1_000_003 * (rounds - 1), rows)",
+               "The first version's refill seed: round r of seed s is round 1 of seed s + r - 1.",
+               owner="DynamicSampling"),
+    LineMutant("decode_steps_of_the_last_call", _BASELINES, "select_prompts",
+               "decode += int(logged[\"lengths\"][-1].max())", "decode = int(logged[\"lengths\"][-1].max())",
+               "decode_steps counts one engine call (the last), not every round's.", owner="DynamicSampling"),
+]
+
+
+@pytest.mark.parametrize("mutant", ROUND_MUTANTS, ids=repr)
+def test_round_mutants_are_caught(small_model_dir, tmp_path, monkeypatch, mutant):
+    mutant.install(monkeypatch)
+    with pytest.raises(AssertionError):
+        _check_rounds(small_model_dir, tmp_path)
 
 
 def test_dapo_oversampled_rolls_out_three_times_the_batch_in_each_round(small_model_dir, tmp_path):
