@@ -95,7 +95,9 @@ class PromptHistory:
         if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids) or advantages.shape != rewards.shape:
             raise ValueError(f"rewards {tuple(rewards.shape)} and advantages {tuple(advantages.shape)} must both "
                              f"have shape ({len(prompt_ids)}, G), one row per prompt id")
-        for pid, r, a in zip(prompt_ids, rewards, advantages, strict=True):
+        # which groups had a reward outside [0, 1] (the posterior's evidence clips it: check_pass_rates refuses it)
+        outside_rows = ((rewards < -1e-9) | (rewards > 1 + 1e-9)).any(dim=1).tolist()
+        for pid, r, a, out_of_range in zip(prompt_ids, rewards, advantages, outside_rows, strict=True):
             prev = self.records.get(pid)
             stale = prev is not None and max_age is not None and step - prev.step > max_age
             s_prev, f_prev = (0.0, 0.0) if stale else self.evidence(pid, step)
@@ -103,8 +105,8 @@ class PromptHistory:
             hits = r.numel() * min(1.0, max(0.0, mean))
             same = prev is not None and not stale and prev.degenerate and prev.mean_reward == mean
             outside = prev.outside_unit_at if prev is not None and not stale else None
-            if outside is None and bool(((r < -1e-9) | (r > 1 + 1e-9)).any()):
-                outside = int(step)  # the posterior's evidence clips it: posterior.check_pass_rates refuses it
+            if outside is None and out_of_range:
+                outside = int(step)
             streak = 0 if std != 0.0 else (prev.equal_streak + 1 if same and prev is not None else 1)
             self.records[pid] = PromptRecord(
                 mean_reward=mean, reward_std=std, streak=streak, outside_unit_at=outside,

@@ -445,7 +445,8 @@ def _bottom_line(r: Mapping[str, Any]) -> str:
                 f"{100 * drop:.0f} points while rolling out {_pct(ps['prompt_share_rolled_out'])} of the prompts; that "
                 "is not yet a faster run: on cpu-realistic a 14-point cut, spent as a rollout budget, reached the "
                 "targets no sooner than grpo_skip given the same prompts a step (1.16x [1.00, 1.37] / 1.00x "
-                "[0.80, 1.23], eight seeds), because the 1/π weights cost what the extra informative groups bring; "
+                "[0.80, 1.23], eight seeds: benchmarks/results/realistic-pool/matched), because the 1/π weights cost "
+                "what the extra informative groups bring; "
                 "measure against a batch-matched baseline (dppo bench's grpo_skip_matched) before counting on fewer "
                 "rollouts, and expect the completion stage's saving in the update")
     return (f"the prompt stage would mostly thin the batch: it cuts the all-equal share by only {100 * drop:.0f} "

@@ -248,7 +248,7 @@ def persistence_preset(share: float) -> BenchPreset:
         base="tiny-grpo", methods=PERSISTENCE_METHODS,
         overrides={**CPU_REALISTIC_SETTING, "level_weights": [round(w, 4) for w in (*rest, share)]},
         method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
-        runtime="about 2 hours on 2 CPU cores (35 runs); --methods grpo_skip grpo_skip_matched dppo_budget for the "
+        runtime="about 2.5 hours on 2 CPU cores (35 runs); --methods grpo_skip grpo_skip_matched dppo_budget for the "
                 "map's pair")
 
 
@@ -287,7 +287,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
                      "CPPO and GRESO (biased pruning), two seeds",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "grpo_skip_matched", "pods", "cppo", "greso"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
-        runtime="about 30 minutes on 2 CPU cores (12 runs of 2-3 minutes)"),
+        runtime="about 35 minutes on 2 CPU cores (14 runs of 2-3 minutes)"),
     BenchPreset(
         "cpu-long", "the regime the DPPO paper trains in, chosen before it was run: the cpu-baselines setting for "
                     "120 steps (15 epochs over the pool of 256, so most groups saturate), grpo, grpo_skip and dppo, "

@@ -134,10 +134,7 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
             cells = []
             for f in fractions:
                 e = m["by_target"][f]
-                x = "–" if e["time_to_target"] is None else f"{e['time_to_target']:.2f}x"
-                if e["ci95"]:
-                    x += f" [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
-                cells.append(x + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
+                cells.append(_speedup_cell(e) + f" (n={e['n']}" + (f", {e['missed']} missed)" if e["missed"] else ")"))
             acc = fmt(m["accuracy_at_equal_time"])
             lines.append(f"| `{name}`{_unmatched(name, ref, matched)} | " + " | ".join(cells) + f" | {acc} |")
         if any(_unmatched(name, ref, matched) for name in table):
