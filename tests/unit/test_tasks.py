@@ -159,11 +159,12 @@ def test_the_cpu_realistic_pool_mixes_levels_1_to_6(tmp_path):
 
 def test_the_persistence_presets_put_more_of_the_pool_on_level_6_and_change_nothing_else(tmp_path):
     """The persistence map's presets (issue #63): cpu-realistic with level 6 at a larger share of the weight, the
-    other levels in cpu-realistic's proportions; each pool holds more never-solved prompts than the one before."""
+    other levels in cpu-realistic's proportions, trained long enough to roll out about as many learnable prompts;
+    each pool holds more never-solved prompts than the one before."""
     from collections import Counter
 
     from dppo_core.data import build_prompt_source
-    from dppo_core.tools.bench.presets import BENCH_PRESETS, PERSISTENCE_SHARES, method_config
+    from dppo_core.tools.bench.presets import BENCH_PRESETS, PERSISTENCE_SHARES, method_config, persistence_steps
 
     realistic = method_config(BENCH_PRESETS["cpu-realistic"], "grpo_skip", 1, tmp_path)
     counts = [Counter(row["level"] for row in build_prompt_source(realistic).rows)[6]]
@@ -172,7 +173,11 @@ def test_the_persistence_presets_put_more_of_the_pool_on_level_6_and_change_noth
         weights = config.level_weights
         assert sum(weights) == pytest.approx(1.0, abs=1e-3) and weights[-1] == share
         assert [w / weights[1] for w in weights[:-1]] == pytest.approx([2, 1, 1, 1, 1], abs=5e-3)
-        assert config.with_overrides({"level_weights": list(realistic.level_weights)}) == realistic
+        steps = config.max_steps
+        assert abs(steps * (1 - share) - realistic.max_steps * (1 - realistic.level_weights[-1])) <= 5 * (1 - share)
+        assert steps == persistence_steps(share) and 12 <= steps / config.eval_steps < 14
+        assert config.with_overrides({"level_weights": list(realistic.level_weights), "max_steps": realistic.max_steps,
+                                      "eval_steps": realistic.eval_steps}) == realistic
         pool = build_prompt_source(config)
         counts.append(Counter(row["level"] for row in pool.rows)[6])
         assert len(pool.rows) == 256
