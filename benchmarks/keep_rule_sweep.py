@@ -29,7 +29,8 @@ from dppo_core.grouplog import persistence, read_groups
 from dppo_core.tools.advise import make_advice_estimator, replay_prompt_stage
 
 #: (prompt_scheme, min_prompt_keep_prob): the tiny-dppo preset's rule first.
-RULES: tuple[tuple[str, float], ...] = (("posterior", 0.2), ("posterior", 0.1), ("fitted", 0.2), ("fitted", 0.1))
+RULES: tuple[tuple[str, float], ...] = (("posterior", 0.2), ("posterior", 0.1), ("fitted", 0.2), ("fitted", 0.1),
+                                         ("streak", 0.2), ("streak", 0.1))
 
 
 def sweep(run: Path, rate: float = 0.5) -> dict[str, Any]:

@@ -163,7 +163,9 @@ class DPPOConfig:
     ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q) or ``"posterior"``
     (proportional to sqrt(P(the next group is informative)) under a Beta-binomial posterior over the prompt's
     success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior) or
-    ``"fitted"`` (proportional to that P itself, under a Beta prior fitted to the pool's pass counts: sharper)."""
+    ``"fitted"`` (proportional to that P itself, under a Beta prior fitted to the pool's pass counts: sharper) or
+    ``"streak"`` (``fitted``'s P, recalibrated for prompts after a run of all-equal groups by how often this run's
+    prompts with as long a run were informative next: GRESO's streaks, kept exact by 1/π)."""
     completion_scheme: str = "proportional"
     """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o;
     variance-minimising when a completion's gradient size is proportional to |A|), ``"length"`` (to

@@ -20,7 +20,9 @@ PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
 SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
-PROMPT_SCHEMES = (*SCHEMES, "posterior", "fitted")  # prompt_scheme: posterior scores every prompt by its whole history
+#: prompt_scheme's rules that read a prompt's whole history through dppo_core.posterior (rewards as pass rates)
+POSTERIOR_PROMPT_SCHEMES = ("posterior", "fitted", "streak")
+PROMPT_SCHEMES = (*SCHEMES, *POSTERIOR_PROMPT_SCHEMES)
 COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
 CONTINUE_SCHEMES = ("constant", "posterior")  # continue_scheme: dppo_core.posterior.continue_probs
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep

@@ -34,7 +34,7 @@ epoch on θ depends on the draw.
 Modes (``ESTIMATORS``, chosen once by name): ``none`` (plain GRPO: everything, weight 1), ``dppo``
 (random pruning with importance weights; unbiased as above), and the BIASED baselines ``cppo`` (top-k
 completions by |A|, no weights, normalised by the number kept), ``greso`` (skip prompts whose last
-group was degenerate, no weights) and ``pods`` (the completions whose rewards vary most, no weights).
+group was all-equal, no weights) and ``pods`` (the completions whose rewards vary most, no weights).
 Not to be confused with Divergence PPO (arXiv 2602.04879), which TRL and verl also call "DPPO".
 """
 
@@ -245,6 +245,8 @@ class DPPOEstimator(PromptPruning):
     pilot_size: int = 0  # k: completions rolled out per prompt before the continue draw (0: no pilot)
     continue_probability: float = 0.25  # c: an all-equal pilot's continue probability (posterior: the least)
     continue_scheme: str = "constant"  # or "posterior" (dppo_core.posterior.continue_probs)
+    #: the ``streak`` prompt scheme's counts (:class:`~dppo_core.posterior.StreakCalibration`), checkpointed
+    calibration: posterior.StreakCalibration = field(default_factory=posterior.StreakCalibration, init=False)
 
     def __post_init__(self) -> None:
         self.history.half_life = self.posterior_half_life
@@ -267,7 +269,25 @@ class DPPOEstimator(PromptPruning):
         return pruning.prompt_keep_probs(self.history, ids, self.prompt_prune_rate, scheme=self.prompt_scheme,
                                          min_keep_prob=self.min_prompt_keep_prob, step=step,
                                          max_age=self.history_max_age, budget=budget, group_size=self.group_size,
-                                         scale_rewards=self.scale_rewards)
+                                         scale_rewards=self.scale_rewards, calibration=self.calibration)
+
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+        # ``streak``: count each group into the calibration as the history before it predicted it, then record it
+        if self.prompt_scheme == "streak" and len(prompt_ids):
+            p = posterior.fitted_informative(self.history, prompt_ids, self.group_size, step=step,
+                                             max_age=self.history_max_age)
+            self.calibration.record(self.history, prompt_ids, p, torch.as_tensor(rewards, dtype=torch.float64),
+                                    self.group_size, step=step, max_age=self.history_max_age)
+        super().observe(prompt_ids, rewards, advantages, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        return {**state, "calibration": self.calibration.state_dict()} if self.calibration.counts else state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        calibration = posterior.StreakCalibration.from_state_dict(state.get("calibration", {"counts": {}}))
+        super().load_state_dict(state)
+        self.calibration = calibration
 
     def continue_probs(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> torch.Tensor:
         """c_q of each group after its pilot (:func:`dppo_core.posterior.continue_probs`), shape (P,)."""
@@ -342,7 +362,7 @@ class CPPOEstimator(Estimator):
 
 @dataclass(kw_only=True)
 class GRESOEstimator(PromptPruning):
-    """``greso`` (BIASED baseline): prompts whose last group was degenerate are skipped with probability r;
+    """``greso`` (BIASED baseline): prompts whose last group was all-equal are skipped with probability r;
     the rest train with weight 1 and normaliser P·G over the kept prompts only. With
     ``greso_target_zero_variance`` set, GRESO's own rule instead: kept with max(p^z, 0.01) after z all-equal groups in
     a row, p adapted each step toward that target (:func:`~dppo_core.biased_baselines.greso_streak_keep_probs`,

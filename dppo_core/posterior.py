@@ -4,17 +4,19 @@ A prompt's success rate is given a Beta posterior from the discounted passes and
 (:meth:`~dppo_core.history.PromptHistory.evidence`); the passes of its next group of G are then Beta-binomial
 (:func:`beta_binomial_pmf`), and :func:`posterior_scores` is √E[Σ A² / G] of that group (:func:`group_signal`):
 √P(the next group is informative) with group-scaled advantages. :func:`dppo_core.pruning.prompt_keep_probs`
-keeps prompts ``proportional`` to it (``posterior``) or to its square under a prior fitted to the pool
-(``fitted``, :meth:`~dppo_core.history.PromptHistory.fitted_prior`). The posterior reads rewards as pass rates in
-[0, 1] and refuses a record that such rewards cannot have (:func:`check_pass_rates`); the other prompt schemes
-read the rewards only through |A|.
+keeps prompts ``proportional`` to it (``posterior``), to its square under a prior fitted to the pool (``fitted``,
+:meth:`~dppo_core.history.PromptHistory.fitted_prior`), or to that square recalibrated by the run's own record of
+prompts after a run of all-equal groups (``streak``, :class:`StreakCalibration`). The posterior reads rewards as
+pass rates in [0, 1] and refuses a record that such rewards cannot have (:func:`check_pass_rates`); the other prompt
+schemes read the rewards only through |A|.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -112,6 +114,14 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
     return torch.tensor(out, dtype=torch.float64)
 
 
+def fitted_informative(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *, step: int | None = None,
+                       max_age: int | None = None) -> torch.Tensor:
+    """P(the next group of ``group_size`` is informative, not all equal) of each prompt under the prior fitted to the
+    pool (:meth:`PromptHistory.fitted_prior`) and the prompt's discounted history: what ``streak`` calibrates."""
+    prior = history.fitted_prior(group_size)
+    return posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior) ** 2
+
+
 def continue_probs(pilot_rewards: torch.Tensor, floor: float, scheme: str = "constant", *,
                    history: PromptHistory | None = None, prompt_ids: Sequence[str] = (), group_size: int = 0,
                    step: int | None = None, max_age: int | None = None) -> torch.Tensor:
@@ -148,3 +158,80 @@ def continue_probs(pilot_rewards: torch.Tensor, floor: float, scheme: str = "con
         log_same = math.lgamma(a + rest) + math.lgamma(a + b) - math.lgamma(a) - math.lgamma(a + b + rest)
         probs[q] = max(floor, 1.0 - math.exp(log_same))
     return probs
+
+
+#: :class:`StreakCalibration`'s bins of the ``fitted`` P(informative), and its streak lengths (the last one: that many
+#: or more all-equal groups in a row).
+CALIBRATION_BINS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
+CALIBRATION_STREAKS = 3
+#: Pseudo-groups at the ``fitted`` prediction that :class:`StreakCalibration` adds to each cell: with fewer groups
+#: observed than this, the cell's estimate stays closer to the posterior's than to its own rate.
+CALIBRATION_PSEUDO_GROUPS = 10.0
+
+
+@dataclass
+class StreakCalibration:
+    """The ``streak`` prompt scheme's table: how often a prompt's next group was informative, given how many all-equal
+    groups it had had in a row (z = 1, 2, 3+; :attr:`PromptRecord.equal_streak`) and the bin of what the ``fitted``
+    posterior predicted for it, counted over this run's own groups (issue #63, item 4).
+
+    GRESO skips a prompt more often the longer its run of all-equal groups; the posterior reads every group but as
+    draws from one fixed success rate, so after a run of equal groups it stays less sure than the logs are
+    (benchmarks/results/realistic-pool/streaks.json: among prompts the posterior puts below 0.2, the next group is
+    all equal 0.79 of the time after one all-equal group and 0.91 after two or more). :meth:`predict` replaces the
+    posterior's P(informative) p of a prompt with an all-equal streak by (n_informative + m p) / (n + m) of its cell
+    (m = :data:`CALIBRATION_PSEUDO_GROUPS`): the posterior's own value until the run has seen enough. Every count is
+    of groups rolled out before the step, so keep probabilities built on it are fixed before the step's draw and
+    weighing by 1 / π stays exact. Only whole groups count (a pilot stopped after its k equal rewards says nothing of
+    the G it stood for)."""
+
+    counts: dict[str, list[float]] = field(default_factory=dict)  # "z:bin" -> [informative, groups]
+
+    @staticmethod
+    def cell(streak: int, p: float) -> str:
+        return f"{min(streak, CALIBRATION_STREAKS)}:{int(np.searchsorted(CALIBRATION_BINS, p, side='right'))}"
+
+    def predict(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor, *, step: int | None = None,
+                max_age: int | None = None) -> torch.Tensor:
+        """Each prompt's P(informative): ``p`` (the ``fitted`` posterior's, float64 of shape (len(prompt_ids),)) where
+        its last group was mixed (or it is unseen, or stale), the calibrated estimate of its cell where that group was
+        all equal."""
+        out = p.clone()
+        for i, pid in enumerate(prompt_ids):
+            z = self._streak(history, pid, step, max_age)
+            if z:
+                informative, groups = self.counts.get(self.cell(z, float(p[i])), (0.0, 0.0))
+                out[i] = (informative + CALIBRATION_PSEUDO_GROUPS * p[i]) / (groups + CALIBRATION_PSEUDO_GROUPS)
+        return out
+
+    def record(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor, rewards: torch.Tensor,
+               group_size: int, *, step: int | None = None, max_age: int | None = None) -> None:
+        """Count each whole group (``rewards`` of shape (len(prompt_ids), ``group_size``)) of a prompt with an
+        all-equal streak into its cell: call it before ``history`` records the groups, with the ``p`` the keep
+        probabilities were built on."""
+        if rewards.shape[1] != group_size:
+            return
+        informative = (rewards != rewards[:, :1]).any(dim=1).tolist()
+        for i, pid in enumerate(prompt_ids):
+            z = self._streak(history, pid, step, max_age)
+            if z:
+                row = self.counts.setdefault(self.cell(z, float(p[i])), [0.0, 0.0])
+                row[0] += float(informative[i])
+                row[1] += 1.0
+
+    @staticmethod
+    def _streak(history: PromptHistory, pid: str, step: int | None, max_age: int | None) -> int:
+        rec = history.get(pid)
+        if rec is None or (max_age is not None and step is not None and step - rec.step > max_age):
+            return 0
+        return rec.equal_streak
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": {k: list(v) for k, v in self.counts.items()}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> StreakCalibration:
+        counts = state.get("counts")
+        if not isinstance(counts, dict) or not all(isinstance(v, list) and len(v) == 2 for v in counts.values()):
+            raise ValueError("not a StreakCalibration state (expected {'counts': {'z:bin': [informative, groups]}})")
+        return cls({str(k): [float(v[0]), float(v[1])] for k, v in counts.items()})

@@ -48,6 +48,10 @@ Keep-probability schemes (``rate`` = r):
   a > 0, give the same probabilities up to the eps of group scaling).
 * ``"fitted"`` (prompts) — ``proportional`` on P(informative) itself (the square of ``posterior``'s score), the
   prior fitted to the pool (:meth:`PromptHistory.fitted_prior`): sharper, where history can see (issue #50's sweep).
+* ``"streak"`` (prompts) — ``proportional`` on ``fitted``'s P(informative), recalibrated, for a prompt whose last
+  groups were all equal, by how often this run's prompts with as long a run of all-equal groups and a like
+  prediction were informative next (:class:`~dppo_core.posterior.StreakCalibration`; GRESO's idea, made exact
+  by 1/π): ``fitted`` until the run has counted enough.
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
   the variance-minimising shape per token trained for independent draws when a completion's gradient size is
   ∝ |A|·len^(1/2−γ) (docs/estimator.md); near-optimal where that holds only roughly.
@@ -202,7 +206,7 @@ def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str 
     * ``paper``: the lower ``candidate_fraction`` by |A| kept with 1 - r.
 
     With ``beta == 0`` a completion with A = 0 has an identically zero loss and, if ``drop_zero``,
-    probability 0 (whole degenerate groups vanish from the update at no bias). With ``beta > 0`` its KL
+    probability 0 (whole all-equal groups vanish from the update at no bias). With ``beta > 0`` its KL
     term is not zero, so it keeps the floor.
     """
     adv = torch.as_tensor(advantages, dtype=torch.float64)
@@ -275,18 +279,26 @@ def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float
 def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *, scheme: str = "paper",
                       min_keep_prob: float = 0.1, step: int | None = None, max_age: int | None = None,
                       budget: float | None = None, candidate_fraction: float = 0.5, group_size: int = 8,
-                      scale_rewards: str = "group") -> torch.Tensor:
+                      scale_rewards: str = "group",
+                      calibration: posterior.StreakCalibration | None = None) -> torch.Tensor:
     """Inclusion probability π_q for each candidate prompt, from its history; shape (len(prompt_ids),).
 
     ``paper`` and ``proportional``: unseen prompts (and, with ``max_age``, prompts last seen more than
     ``max_age`` steps before ``step``) get 1; seen prompts are scored by the mean |A| of their last group
-    (0 for a degenerate group). ``posterior``: every prompt is scored by
+    (0 for an all-equal group). ``posterior``: every prompt is scored by
     :func:`~dppo_core.posterior.posterior_scores` (all its history, unseen ones by the prior) and kept with
-    probability ∝ its score, (1 - r) of the candidates in expectation. Floored at ``min_keep_prob``: never 0,
-    because a prompt that gave no signal last time may give some now. ``budget`` rescales them so that the
-    expected number of prompts kept is ``budget`` (see :func:`dense_window`).
+    probability ∝ its score, (1 - r) of the candidates in expectation; ``fitted`` and ``streak`` likewise (module
+    docstring), ``streak`` with the run's ``calibration`` (None: an empty one, which is ``fitted``). Floored at
+    ``min_keep_prob``: never 0, because a prompt that gave no signal last time may give some now. ``budget``
+    rescales them so that the expected number of prompts kept is ``budget`` (see :func:`dense_window`).
     """
     _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
+    if scheme == "streak":
+        informative = posterior.fitted_informative(history, prompt_ids, group_size, step=step, max_age=max_age)
+        if calibration is not None:
+            informative = calibration.predict(history, prompt_ids, informative, step=step, max_age=max_age)
+        return keep_probs_from_scores(informative, rate, scheme="proportional", min_keep_prob=min_keep_prob,
+                                      budget=budget)
     if scheme in ("posterior", "fitted"):  # fitted: P(informative) itself, under the pool's fitted prior
         prior = history.fitted_prior(group_size) if scheme == "fitted" else (1.0, 1.0)
         scored = posterior.posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,

@@ -26,6 +26,7 @@ from dppo_core.config import (
 from dppo_core.distributed import DistInfo
 from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages
+from dppo_core.posterior import StreakCalibration
 from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
 from dppo_core.trainer import DPPOTrainer, micro_batch_loss
@@ -44,6 +45,10 @@ PAST = {  # the rewards each prompt's group got at steps STEP - 2 and STEP - 1 (
     STEP - 1: {"q0": [1.0, 0.0, 0.0], "q1": [0.0, 0.0, 0.0], "q2": [1.0, 1.0, 0.0], "q3": [0.0, 0.0, 0.0],
                "q4": [0.0, 1.0, 0.0]},
 }
+
+
+#: The ``streak`` scheme's counts before STEP: after one all-equal group, prompts were rarely informative next.
+STREAK_COUNTS = {f"1:{b}": [1.0, 30.0] for b in range(5)}
 
 
 def history_before(until: int = STEP) -> PromptHistory:
@@ -171,9 +176,12 @@ def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str]
         monkeypatch.setattr(estimator, "completion_probs", _memo(estimator.completion_probs))
     loss, grad, total, n, windows = 0.0, 0.0, 0.0, 0, set()
     before = copy.deepcopy(estimator.history)
+    calibration = copy.deepcopy(getattr(estimator, "calibration", None))  # streak's counts: observe adds to them
     while True:
         enum.start()
         estimator.history = copy.deepcopy(before)
+        if calibration is not None:
+            estimator.calibration = copy.deepcopy(calibration)
         lv, gv, window = run_step(config, estimator, ids, theta, observe=observe)
         loss, grad, total, n = loss + enum.prob * lv, grad + enum.prob * gv, total + enum.prob, n + 1
         windows.add(window)
@@ -181,6 +189,8 @@ def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str]
             break
     monkeypatch.undo()
     estimator.history = before
+    if calibration is not None:
+        estimator.calibration = calibration
     assert abs(total - 1) < 1e-12 and len(windows) == 1
     return loss, grad, n, windows.pop()
 
@@ -204,6 +214,8 @@ def relative_bias(monkeypatch, config: DPPOConfig, estimator=None, random: bool 
     if estimator is None:
         estimator = make_estimator(config)
         estimator.history = history_before()
+        if config.prompt_scheme == "streak":  # counts that move q1's and q3's π (z = 1) away from fitted's
+            estimator.calibration = StreakCalibration(STREAK_COUNTS)
     theta = Params(ids, ratio=config.num_iterations > 1)
     loss, grad, n, window = exact_expectation(monkeypatch, config, estimator, ids, theta, observe)
     full_loss, full_grad, scale = full_batch(config, ids, window, theta)
