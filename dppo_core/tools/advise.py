@@ -21,6 +21,8 @@ What it computes (:func:`advise`), each with what it assumes:
   completions saves in the update, as ``grpo_skip`` does, when there is no KL term), and the expected tokens DPPO's
   completion pruning trains (the preset's keep probabilities on the logged advantages and lengths) as a share of
   the informative groups' tokens;
+- **the prediction** (:func:`predicted_speedup`): the prompt stage against grpo_skip given the same prompts a step
+  (batch-matched), from the effective batch its weights leave and a gradient noise scale measured on cpu-realistic;
 - **the ceiling** (:func:`dppo_core.tools.bench.ceiling.oracle_ceiling`), where ``metrics.jsonl`` has the phase
   times: the run against an oracle that rolls out only its informative groups and trains as the run did.
 
@@ -45,6 +47,7 @@ from dppo_core.estimator import DPPOEstimator, make_estimator
 from dppo_core.grouplog import FILENAME, informative, persistence, read_groups, read_records
 from dppo_core.grpo import group_advantages
 from dppo_core.posterior import posterior_scores
+from dppo_core.tools.advice_text import assumptions, format_advice, verdict  # noqa: F401 (format_advice: callers import it from here)
 
 #: The metrics the ceiling's cost model is fitted to, per step of ``metrics.jsonl``.
 PHASE_KEYS = ("time_rollout", "time_update", "step_time", "tokens_generated", "tokens_trained")
@@ -237,15 +240,25 @@ def completion_stage(groups: Sequence[Mapping[str, Any]], estimator: DPPOEstimat
     exactly-zero-advantage completions saves, at beta = 0), and the tokens DPPO's completion pruning trains in
     expectation (Σ p·length, p the estimator's completion keep probabilities on the group advantages and logged
     lengths), as a share of the informative groups' tokens and of all generated; with ``prompt_probs`` (one per
-    logged group, in order) also after the prompt stage (Σ π Σ p·length over all generated)."""
-    total = informative_tokens = equal_tokens = trained = trained_informative = both = 0.0
+    logged group, in order) also after the prompt stage (Σ π Σ p·length over all generated) and both stages' variance
+    factor Σ A² / (π p) / Σ A² over the completions with A ≠ 0 (1/π alone for the prompt stage with group-scaled
+    advantages; the completion stage's weights on top, with gradients of size ∝ |A|)."""
+    total = informative_tokens = equal_tokens = trained = trained_informative = both = signal = weighted = 0.0
     q = 0
     for g in groups:
         rewards = torch.tensor(g["rewards"], dtype=torch.float64)
         lengths = torch.tensor(g["lengths"], dtype=torch.float64)
         adv = group_advantages(rewards, estimator.scale_rewards)
-        expected = (estimator.completion_probs(adv, lengths) * lengths).sum(dim=1).tolist()
-        for row, lens, kept in zip(g["rewards"], g["lengths"], expected, strict=True):
+        probs = estimator.completion_probs(adv, lengths)
+        expected = (probs * lengths).sum(dim=1).tolist()
+        # Σ A² / p per group: the second moment its completions' weights leave, with gradients of size ∝ |A|
+        square = adv.pow(2)
+        inverse = torch.where(square > 0, square / probs.clamp_min(1e-12), torch.zeros_like(square)).sum(dim=1)
+        for row, lens, kept, a2, a2_p in zip(g["rewards"], g["lengths"], expected, square.sum(dim=1).tolist(),
+                                             inverse.tolist(), strict=True):
+            pi = prompt_probs[q] if prompt_probs is not None else 1.0
+            signal += a2
+            weighted += a2_p / pi
             n = float(sum(lens))
             total += n
             trained += kept
@@ -254,7 +267,7 @@ def completion_stage(groups: Sequence[Mapping[str, Any]], estimator: DPPOEstimat
                 trained_informative += kept
             else:
                 equal_tokens += n
-            both += kept * (prompt_probs[q] if prompt_probs is not None else 1.0)
+            both += kept * pi
             q += 1
     return {
         "tokens_generated": total,
@@ -263,6 +276,7 @@ def completion_stage(groups: Sequence[Mapping[str, Any]], estimator: DPPOEstimat
         "dppo_trained_share_of_informative": trained_informative / informative_tokens if informative_tokens else None,
         "dppo_trained_share_of_generated": trained / total if total else None,
         "both_stages_trained_share_of_generated": both / total if total and prompt_probs is not None else None,
+        "both_stages_variance_factor": weighted / signal if signal and prompt_probs is not None else None,
     }
 
 
@@ -291,14 +305,48 @@ def ceiling(groups: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, 
     return out
 
 
+#: The gradient noise scale, in informative groups per step, that :func:`predicted_speedup` assumes: measured from
+#: grpo_skip at 32 and at 16 prompts a step on cpu-realistic (eight seeds; benchmarks/noise_scale.py,
+#: benchmarks/results/realistic-pool/noise_scale.json: the mean over its two targets).
+NOISE_SCALE = 10.4
+
+
+def predicted_speedup(prompt: Mapping[str, Any], completion: Mapping[str, Any], prompts_per_step: float,
+                      update_share: float | None, noise_scale: float = NOISE_SCALE) -> dict[str, Any]:
+    """What the replayed stages predict for DPPO rolling out only its kept prompts against grpo_skip given as many
+    prompts a step, picked at random (batch-matched): ``prompt`` from :func:`replay_prompt_stage`, ``completion``
+    from :func:`completion_stage` with the prompt probabilities.
+
+    Both estimate the pool's gradient from the informative groups they roll out. The baseline has B =
+    ``prompts_per_step`` x (share rolled out) x (1 - logged all-equal share) informative groups a step, weighted
+    alike; DPPO's weights 1/(π p) make its estimate as noisy as ρ B such groups, ρ = ``random_variance_factor`` /
+    ``both_stages_variance_factor`` (each variance is the informative groups' second moment times its factor over
+    the candidates). Steps to a target fall with the batch as S(B) = S_min (1 + B_noise / B) (McCandlish et al.,
+    2018), so DPPO needs (1 + B_noise / B) / (1 + B_noise / (ρ B)) times fewer steps: between 1 (B_noise = 0) and ρ.
+    A step costs 1 + ``update_share`` x (tokens DPPO trains / tokens the baseline trains - 1) times the baseline's
+    (the rollouts are the same count; None: no phase times, no time predicted)."""
+    rvf, vf = prompt.get("random_variance_factor"), completion.get("both_stages_variance_factor")
+    if not vf or not rvf:
+        return {"why_not": "the replay kept no informative group"}
+    batch = prompts_per_step * prompt["prompt_share_rolled_out"] * (1 - prompt["all_equal_share_logged"])
+    rho = rvf / vf
+    steps = (1 + noise_scale / batch) / (1 + noise_scale / (rho * batch)) if batch > 0 else 1.0
+    baseline_trained = prompt["prompt_share_rolled_out"] * completion["skip_trained_share"]
+    trained = completion["both_stages_trained_share_of_generated"] / baseline_trained if baseline_trained else None
+    cost = None if update_share is None or trained is None else 1 + update_share * (trained - 1)
+    return {"effective_batch_ratio": rho, "informative_groups_per_step": batch, "noise_scale": noise_scale,
+            "steps_speedup": steps, "trained_token_ratio": trained, "step_cost_ratio": cost,
+            "time_speedup": None if cost is None else steps / cost}
+
+
 def advise(run: str | Path, prompt_prune_rate: float = 0.5, completion_prune_rate: float | None = None,
-           prompt_scheme: str | None = None) -> dict[str, Any]:
+           prompt_scheme: str | None = None, noise_scale: float = NOISE_SCALE) -> dict[str, Any]:
     """Every figure of the module docstring for one run, as a JSON-ready dict (ratios rounded to 4 decimals), with
     ``why_not`` where a figure cannot be computed, the ``verdict`` in plain words and the ``assumptions``.
 
     ``completion_prune_rate``: None takes the preset's (0.5); ``prompt_scheme``: None the preset's (``posterior``;
-    ``fitted`` is the sharper one, docs/benchmarks.md). Raises :class:`AdviseError` for an input that cannot
-    work."""
+    ``fitted`` is the sharper one, docs/benchmarks.md); ``noise_scale``: :func:`predicted_speedup`'s. Raises
+    :class:`AdviseError` for an input that cannot work."""
     for name, rate in (("--prompt-prune-rate", prompt_prune_rate), ("--completion-prune-rate", completion_prune_rate)):
         if rate is not None and not 0 <= rate < 1:
             raise AdviseError(f"{name} {rate}: a prune rate is the expected share pruned, in [0, 1), e.g. 0.5")
@@ -337,6 +385,10 @@ def advise(run: str | Path, prompt_prune_rate: float = 0.5, completion_prune_rat
     generated = sum(m.get("tokens_generated") or 0 for m in metrics)
     report["completion_stage"]["logged_trained_share"] = (
         sum(m.get("tokens_trained") or 0 for m in metrics) / generated if generated else None)
+    if "why_not" not in prompt:
+        update = [m["time_update"] / m["step_time"] for m in metrics if m.get("time_update") and m.get("step_time")]
+        report["prediction"] = predicted_speedup(prompt, report["completion_stage"], pers.groups / len(groups),
+                                                 sum(update) / len(update) if update else None, noise_scale)
     report = _rounded(report)
     report["verdict"] = verdict(report)
     report["assumptions"] = assumptions(report)
@@ -351,147 +403,3 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return value
-
-
-# --------------------------------------------------------------------------------------------------
-# In words
-# --------------------------------------------------------------------------------------------------
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x: float | None, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-#: AUC bands of the verdict: at least the first, history "sees much"; at least the second, "some"; else "little".
-SEES_MUCH, SEES_SOME = 0.8, 0.65
-#: The drop (in points of the all-equal share of rolled-out groups) from which the prompt stage is said to make better
-#: batches rather than only thinner ones: a replayed drop of 12 points (the fitted rule on cpu-realistic's grpo_skip
-#: seed-1 log) went with a measured 14; the replayed 2-5 points of the posterior rule on the curated pools did not move
-#: the batches. It does not say the prompt stage pays: against grpo_skip given the same prompts a step (batch-matched,
-#: eight seeds; benchmarks/results/realistic-pool/matched/) that 14-point cut reached the targets 1.16x [1.00, 1.37] /
-#: 1.00x [0.80, 1.23] sooner, no difference (issue #63: the 1.36x-1.46x this was first set from compared a half
-#: batch with a full one).
-PAYS_POINTS = 0.10
-
-
-def verdict(r: Mapping[str, Any]) -> list[str]:
-    """The report's figures in plain words: what history sees, what each stage would save, the ceiling, a bottom
-    line."""
-    p, ps, cs, ce = r["persistence"], r["prompt_stage"], r["completion_stage"], r["ceiling"]
-    out = []
-    if p["after_equal"] + p["after_mixed"] == 0:
-        out.append("history sees nothing: no prompt was rolled out twice, so a prompt's past cannot tell its next "
-                   "group (the prompt stage would prune every prompt alike, by the prior)")
-    else:
-        out.append(f"history sees P(all-equal | previous all-equal) = {_num(p['p_equal_after_equal'])} against "
-                   f"P(all-equal | previous mixed) = {_num(p['p_equal_after_mixed'])}; "
-                   f"{_pct(p['share_equal_with_equal_previous'])} of the all-equal groups that had a previous group "
-                   "had an all-equal one")
-    auc_seen = ps.get("auc_seen")
-    if "why_not" in ps:
-        out.append(f"the prompt stage: {ps['why_not']}")
-    else:
-        sees = ("much" if auc_seen >= SEES_MUCH else "some" if auc_seen >= SEES_SOME else "little") \
-            if auc_seen is not None else None
-        out.append(f"DPPO's posterior predictor separates informative groups with AUC {_num(auc_seen)} on prompts "
-                   f"seen before ({ps['groups_seen']:,} groups; {_num(ps['auc_all'])} over all {ps['groups']:,})"
-                   + (f": it sees {sees}" if sees else "") + " (0.5: no separation)")
-        out.append(f"the prompt stage at rate {r['settings']['prompt_prune_rate']:g} would roll out "
-                   f"{_pct(ps['prompt_share_rolled_out'])} of the prompts ({_pct(ps['token_share_rolled_out'])} of "
-                   f"the generated tokens), {_pct(ps['all_equal_share_rolled_out'])} of them all-equal instead of "
-                   f"{_pct(ps['all_equal_share_logged'])}, with variance factor {_num(ps['variance_factor'])} "
-                   f"(the same share pruned at random: {_num(ps['random_variance_factor'])}, all-equal share "
-                   "unchanged)")
-    beta = r["settings"]["beta"]
-    skip = (f"skipping the all-equal groups' completions in the update (exactly zero loss; grpo_skip) saves "
-            f"{_pct(cs['all_equal_token_share'])} of the tokens a GRPO update trains" if beta == 0 else
-            f"with a KL term (beta {beta:g}) all-equal groups still have a loss, so skipping them is not free "
-            f"({_pct(cs['all_equal_token_share'])} of the tokens are in them)")
-    out.append(f"the completion stage: {skip}; DPPO's completion pruning ({r['settings']['completion_scheme']}, rate "
-               f"{r['settings']['completion_prune_rate']:g}) trains {_pct(cs['dppo_trained_share_of_informative'])} "
-               f"of the informative groups' tokens in expectation ({_pct(cs['dppo_trained_share_of_generated'])} of "
-               "all generated)")
-    if ce.get("speedup") is not None:
-        fit = ce["rollout_fit"]
-        out.append(f"the ceiling: an oracle that rolls out only this run's informative groups "
-                   f"({_pct(ce['informative_token_share'])} of its tokens) and trains as it did would take "
-                   f"{ce['speedup']:.2f}x less training time ({fit['model']} rollout fit, R² {fit['r2']:.2f}); no "
-                   "pruning that must roll a group out to see it is informative can do better at equal learning "
-                   "per step")
-    else:
-        out.append(f"the ceiling: not computed ({ce['why_not']})")
-    out.append("bottom line: " + _bottom_line(r))
-    return out
-
-
-def _bottom_line(r: Mapping[str, Any]) -> str:
-    p, ps, cs = r["persistence"], r["prompt_stage"], r["completion_stage"]
-    equal = p["share_all_equal"]
-    if equal is not None and equal < 0.1:
-        return (f"little to prune: only {_pct(equal)} of the groups are all-equal; what DPPO would save is the "
-                "completion stage's")
-    if "why_not" in ps:
-        return "only the completion stage and the ceiling apply to these rewards"
-    if r["settings"]["prompt_prune_rate"] == 0:
-        return (f"the prompt stage is off (rate 0); the completion stage trains "
-                f"{_pct(cs['dppo_trained_share_of_generated'])} of the generated tokens in expectation")
-    drop = ps["all_equal_share_logged"] - (ps["all_equal_share_rolled_out"] or 0.0)
-    if drop >= PAYS_POINTS:
-        return (f"the prompt stage makes better batches here: history cuts the all-equal share of rolled-out groups by "
-                f"{100 * drop:.0f} points while rolling out {_pct(ps['prompt_share_rolled_out'])} of the prompts; that "
-                "is not yet a faster run: on cpu-realistic a 14-point cut, spent as a rollout budget, reached the "
-                "targets no sooner than grpo_skip given the same prompts a step (1.16x [1.00, 1.37] / 1.00x "
-                "[0.80, 1.23], eight seeds: benchmarks/results/realistic-pool/matched), because the 1/π weights cost "
-                "what the extra informative groups bring; "
-                "measure against a batch-matched baseline (dppo bench's grpo_skip_matched) before counting on fewer "
-                "rollouts, and expect the completion stage's saving in the update")
-    return (f"the prompt stage would mostly thin the batch: it cuts the all-equal share by only {100 * drop:.0f} "
-            f"points (at least {100 * PAYS_POINTS:.0f} would make better batches, which has not yet been measured to "
-            "pay over a batch-matched baseline), at about a smaller batch's noise; expect DPPO's "
-            f"gain from the update (with both stages it trains {_pct(cs['both_stages_trained_share_of_generated'])} "
-            "of the generated tokens in expectation), not from fewer rollouts"
-            + ("; --prompt-scheme fitted replays the sharper rule, which cuts more where many prompts are solved "
-               "always or never" if r["settings"]["prompt_scheme"] != "fitted" else ""))
-
-
-def assumptions(r: Mapping[str, Any]) -> list[str]:
-    """What the figures assume, for this run."""
-    s = r["settings"]
-    out = ["the replay observes every logged group in order: the logged trajectory is taken as the one a pruned run "
-           "would follow (pruning changes which prompts are seen, hence the history and the policy)",
-           f"DPPO as the {s['preset']} preset: prompts kept ∝ "
-           + ("P(informative) under a Beta-binomial posterior with a prior fitted to the pool (prompt_scheme fitted"
-              if s["prompt_scheme"] == "fitted" else "√P(informative) under a Beta-binomial posterior (uniform prior")
-           + f"; half-life {s['posterior_half_life']:g} steps, floor {s['min_prompt_keep_prob']:g}), dense prompts off "
-           f"(the rate saves rollouts rather than refilling the batch); completions by the {s['completion_scheme']} "
-           f"scheme (γ {s['length_exponent']:g}, floor {s['min_completion_keep_prob']:g}); every figure is an "
-           "expectation over the keep probabilities, not one draw",
-           "the variance factor treats the informative groups' gradients as of similar size (it is the factor on "
-           "their second moment)",
-           "all-equal means every reward of the group equal (every advantage 0)"]
-    if s["assumed"]:
-        out.append(f"no config.json value for {' and '.join(s['assumed'])}: assumed beta 0 (no KL term) and group "
-                   "scaling")
-    if s["scale_rewards"] == "batch":
-        out.append("the run scaled rewards batch-wide, which prompt pruning refuses: replayed with group scaling")
-    if r["pruned_log"]:
-        out.append("this run pruned prompts itself (logged π < 1): its log holds only the groups it rolled out, so "
-                   "its persistence is of a selected sample and the replay prunes its selection again")
-    if r["ceiling"].get("speedup") is not None:
-        out.append("the ceiling takes learning per step as equal and fits its cost model to this run's own steps "
-                   "(rollout: c0 + cL · longest completion + cT · tokens; update: u0 + u1 · trained tokens)")
-    return out
-
-
-def format_advice(r: Mapping[str, Any]) -> str:
-    """The report as text: a header, the figures in words, the assumptions."""
-    sizes = ", ".join(map(str, r["group_size"]))
-    lines = [f"would DPPO help {r['run']}? {r['steps']:,} steps, {r['groups']:,} groups of G = {sizes}, "
-             f"{r['prompts']:,} prompts; rewards from {r['rewards'][0]:g} to {r['rewards'][1]:g}"]
-    lines += [f"- {line}" for line in r["verdict"]]
-    lines += ["assumptions:"] + [f"- {line}" for line in r["assumptions"]]
-    return "\n".join(lines)

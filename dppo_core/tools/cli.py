@@ -212,7 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the completion stage's rate replayed (default: the tiny-dppo preset's, 0.5)")
     p.add_argument("--prompt-scheme", choices=PROMPT_SCHEMES, default=None,
                    help="the prompt keep rule replayed (default: the tiny-dppo preset's, posterior; fitted is sharper "
-                        "where many prompts are solved always or never)")
+                        "where many prompts are solved always or never; streak recalibrates it after runs of "
+                        "all-equal groups)")
+    p.add_argument("--noise-scale", type=float, default=None, metavar="GROUPS",
+                   help="the gradient noise scale, in informative groups a step, the speedup prediction assumes "
+                        "(default: the one measured on cpu-realistic)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON instead of words")
     p.set_defaults(func=cmd_advise)
     return parser

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -261,11 +262,15 @@ def _first_eval(path: Path) -> dict:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     """Would DPPO help a run? Its persistence, the predictor's separation, each stage's expected saving, the ceiling."""
-    from dppo_core.tools.advise import AdviseError, advise, format_advice
+    from dppo_core.tools.advise import NOISE_SCALE, AdviseError, advise, format_advice
 
+    if args.noise_scale is not None and not (args.noise_scale >= 0 and math.isfinite(args.noise_scale)):
+        print(f"error: --noise-scale {args.noise_scale}: a number of informative groups, 0 or more", file=sys.stderr)
+        return 2
     try:
         report = advise(args.run_dir, prompt_prune_rate=args.prompt_prune_rate,
-                        completion_prune_rate=args.completion_prune_rate, prompt_scheme=args.prompt_scheme)
+                        completion_prune_rate=args.completion_prune_rate, prompt_scheme=args.prompt_scheme,
+                        noise_scale=NOISE_SCALE if args.noise_scale is None else args.noise_scale)
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

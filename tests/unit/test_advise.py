@@ -15,7 +15,7 @@ import torch
 
 from dppo_core.grouplog import group_record
 from dppo_core.run.disk import append_jsonl
-from dppo_core.tools.advise import AdviseError, advise, auc, format_advice
+from dppo_core.tools.advise import NOISE_SCALE, AdviseError, advise, auc, format_advice, predicted_speedup
 from dppo_core.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +154,66 @@ def test_the_fitted_scheme_cuts_more_all_equal_groups_on_a_pool_solved_always_or
     assert "fitted to the pool" in " ".join(fitted["assumptions"]) and "uniform prior" in " ".join(post["assumptions"])
     assert main(["advise", str(run), "--json", "--prompt-scheme", "fitted"]) == 0
     assert json.loads(capsys.readouterr().out) == fitted
+
+
+def test_the_prediction_lies_between_no_gain_and_the_effective_batch():
+    """A rule that keeps every informative group and completion (variance factor 1) where a random half has 2: ρ = 2.
+    32 prompts a step, half rolled out, half of the logged groups all-equal: the matched baseline has 8 informative
+    groups a step. No noise: no gain from a larger batch; noise 8: (1 + 1) / (1 + 1/2); boundless noise: ρ. Half the
+    step in the update, DPPO training all the informative tokens (half the generated) where the baseline trains
+    half of them: 1.5x the time a step."""
+    prompt = {"random_variance_factor": 2.0, "prompt_share_rolled_out": 0.5, "all_equal_share_logged": 0.5}
+    completion = {"both_stages_variance_factor": 1.0, "both_stages_trained_share_of_generated": 0.5,
+                  "skip_trained_share": 0.5}
+    assert predicted_speedup(prompt, completion, 32, None, 0.0)["steps_speedup"] == 1.0
+    mid = predicted_speedup(prompt, completion, 32, 0.5, 8.0)
+    assert mid["informative_groups_per_step"] == 8.0 and mid["effective_batch_ratio"] == 2.0
+    assert mid["steps_speedup"] == pytest.approx(2 / 1.5) and mid["step_cost_ratio"] == pytest.approx(1.5)
+    assert mid["time_speedup"] == pytest.approx(2 / 1.5 / 1.5) and mid["trained_token_ratio"] == 2.0
+    assert predicted_speedup(prompt, completion, 32, None, 1e12)["steps_speedup"] == pytest.approx(2.0)
+    assert predicted_speedup(prompt, completion, 32, None, 8.0)["time_speedup"] is None
+    # the completion stage's weights count: a factor of 2 on top of the prompt stage's 1 leaves no gain
+    assert predicted_speedup(prompt, {**completion, "both_stages_variance_factor": 2.0}, 32, None, 8.0)[
+        "steps_speedup"] == pytest.approx(1.0)
+    assert "why_not" in predicted_speedup(prompt, {**completion, "both_stages_variance_factor": None}, 32, None)
+
+
+def test_a_pool_solved_always_or_never_is_predicted_to_pay(tmp_path):
+    """10 prompts always solved, 10 never, 10 half right, 6 steps, the update a twentieth of each step, no completion
+    pruning: the fitted rule keeps the half-right ones and drops the rest, so the prediction is well above 1 and the
+    bottom line says to run the rollout budget against both baselines; without phase times it predicts steps only and
+    says nothing of time."""
+    steps = [[(f"s{i}", [1, 1, 1, 1], [2] * 4) for i in range(10)] + [(f"n{i}", [0, 0, 0, 0], [2] * 4)
+                                                                      for i in range(10)]
+             + [(f"m{i}", [1, 1, 0, 0], [2] * 4) for i in range(10)] for _ in range(6)]
+    metrics = [{"step": k, "step_time": 2.0, "time_update": 0.1, "time_rollout": 1.9, "tokens_generated": 240,
+                "tokens_trained": 80} for k in range(1, 7)]
+    r = advise(write_run(tmp_path / "run", steps, metrics=metrics), prompt_scheme="fitted", completion_prune_rate=0.0)
+    pred = r["prediction"]
+    assert pred["effective_batch_ratio"] > 1.2 and pred["time_speedup"] > 1.15
+    assert r["verdict"][-1].startswith("bottom line: the prompt stage should pay here as a rollout budget")
+    bare = advise(write_run(tmp_path / "bare", steps), prompt_scheme="fitted", completion_prune_rate=0.0)
+    assert bare["prediction"]["time_speedup"] is None and "should pay" not in bare["verdict"][-1]
+
+
+def test_both_stages_variance_factor_by_hand(tmp_path):
+    """Completion pruning off, so p = 1 on every A ≠ 0: the factor is Σ G / π over the informative groups / their
+    G's: the prompt stage's own variance factor."""
+    run = write_run(tmp_path / "run", _persistent_steps())
+    r = advise(run, completion_prune_rate=0.0)
+    assert r["completion_stage"]["both_stages_variance_factor"] == pytest.approx(
+        r["prompt_stage"]["variance_factor"], abs=1e-4)
+
+
+def test_the_report_carries_the_prediction_and_the_command_its_noise_scale(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _persistent_steps())
+    report = advise(run)
+    assert report["prediction"]["noise_scale"] == NOISE_SCALE
+    assert any(line.startswith("against grpo_skip given the same prompts") for line in report["verdict"])
+    assert main(["advise", str(run), "--json", "--noise-scale", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["prediction"]["noise_scale"] == 3
+    assert main(["advise", str(run), "--noise-scale", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --noise-scale -1.0")
 
 
 def test_history_that_never_repeats_a_prompt_sees_nothing(tmp_path):
