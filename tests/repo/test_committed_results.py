@@ -80,7 +80,8 @@ def test_every_committed_result_says_what_made_it():
 #: The benches README.md's Results section quotes: the equal-tuning comparisons (each method at its own tuned batch,
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
-HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched")
+HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched",
+                    "cpu-persist-70")
 
 
 def test_the_readme_headline_is_the_committed_equal_tuning_tables():
@@ -119,6 +120,37 @@ def test_the_batch_matched_tables_are_generated_from_their_bench_json():
     said = [f"{e['time_to_target']:.2f}x [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]" for e in (vs["0.90"], vs["0.95"])]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert all(x in readme for x in said) and "1.46x [1.13, 1.72]" in readme and "A correction" in readme
+
+
+def test_the_persistence_map_is_its_committed_benches():
+    """The persistence map (issue #63): the cpu-persist-70 tables of docs/benchmarks.md and of its README are
+    format_markdown of its committed bench.json; map.json's figures of each point are its bench's, ordered by
+    persistence, with a prediction and its error; the README says against which baselines the gain holds."""
+    from dppo_core.tools.bench import README_MARKERS, format_markdown
+
+    folder = RESULTS / "persistence-map"
+    result = json.loads((folder / "persist-70/bench.json").read_text())
+    assert result["batch_matched"] == {"dppo_budget": "grpo_skip_matched"} and len(result["seeds"]) >= 5
+    start, end = (m.format(preset="cpu-persist-70") for m in README_MARKERS)
+    for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
+        assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(result, result["command"]), doc
+    points = json.loads((folder / "map.json").read_text())["points"]
+    assert [p["preset"] for p in points] == ["cpu-realistic", "cpu-persist-70"]
+    assert points[0]["p_equal_after_equal"] < points[1]["p_equal_after_equal"]
+    benches = {"cpu-realistic": RESULTS / "realistic-pool/matched", "cpu-persist-70": folder / "persist-70"}
+    for p in points:
+        bench = json.loads((benches[p["preset"]] / "bench.json").read_text())
+        vs = bench["speedup_vs"]["grpo_skip_matched"]["dppo_budget"]["by_target"]
+        assert {t: e["time_to_target"] for t, e in p["measured"]["of_final"].items()} == {
+            t: e["time_to_target"] for t, e in vs.items()}
+        assert p["predicted"]["time_speedup"] > 0 and set(p["error"]) == {"0.50", "0.75"}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    vs = result["speedup_vs"]
+    for base in ("grpo_skip_matched", "grpo_skip"):
+        by = vs[base]["dppo_budget"]["by_target"]
+        said = [f"{e['time_to_target']:.2f}x [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
+                for e in (by["0.90"], by["0.95"])]
+        assert all(x in readme for x in said), (base, said)
 
 
 def test_links_to_files_in_the_documentation_resolve():

@@ -148,7 +148,7 @@ class BenchPreset:
 #: the reference model's forward: both get cheaper, and what DPPO saves on top is its pruning.
 CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
 #: The paper scheme's prompt pruning in the CPU comparisons (``dppo_paper``, what ``dppo`` was before the
-#: variance-aware schemes): the lower half of the candidates by history (mean |A| of their last group; degenerate
+#: variance-aware schemes): the lower half of the candidates by history (mean |A| of their last group; all-equal
 #: groups score 0) is kept with probability 0.2 and weighted 5. Chosen on seed 0
 #: (benchmarks/results/archive/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
 #: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step); GRESO
@@ -239,8 +239,7 @@ PERSISTENCE_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "dppo"
 #: Each point trains for as many steps as roll out about as many learnable prompts (levels 1-5) as cpu-realistic's
 #: 60 steps: 60 x 0.9 / (1 - share), rounded to 10, evaluated every twelfth of that (13 to 15 points). At 60 steps
 #: for every share (the rule first written), a grpo_skip run at share 0.85 climbed from 0.505 to 0.531 sampled
-#: accuracy, under two evaluation standard errors: time to a target is unmeasurable there. That one run was all that
-#: was seen.
+#: accuracy, under two evaluation standard errors (no time to target measurable); that one run was all that was seen.
 PERSISTENCE_BASE_STEPS = 60
 
 
@@ -265,8 +264,8 @@ def persistence_preset(share: float) -> BenchPreset:
         overrides={**CPU_REALISTIC_SETTING, "level_weights": [round(w, 4) for w in (*rest, share)],
                    "max_steps": steps, "eval_steps": max(1, steps // 12)},
         method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
-        runtime=f"about {round(35 * (1.5 + 2.0 * steps / 60))} minutes on 2 CPU cores (35 runs); --methods grpo_skip "
-                "grpo_skip_matched dppo_budget for the map's pair")
+        runtime=f"about {round(26 + 42 * steps / 180)} minutes on 2 CPU cores with --methods grpo_skip "
+                "grpo_skip_matched dppo_budget, 5 seeds (cpu-persist-70 measured 68; the others scaled by their steps)")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
