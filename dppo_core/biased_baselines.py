@@ -64,7 +64,7 @@ def pods_keep(rewards: torch.Tensor, num_keep: int) -> torch.Tensor:
 
 def greso_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *,
                      step: int | None = None, max_age: int | None = None) -> torch.Tensor:
-    """BIASED baseline (GRESO): prompts whose last group was degenerate are skipped with probability r.
+    """BIASED baseline (GRESO): prompts whose last group was all-equal are skipped with probability r.
 
     The caller trains on the rest *without* weights, so prompts that were uninformative last time but
     informative now are under-represented. Returns keep probabilities (1 or 1 - r) per prompt.

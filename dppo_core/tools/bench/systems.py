@@ -4,7 +4,7 @@ Each method runs padded, packed, and packed with each prompt once per group (:da
 steps each, on a Qwen3-shaped model with random weights
 (:func:`dppo_core.shapes.build_shaped_model`) and a stand-in reward
 (:func:`synthetic_reward`: random weights get every answer wrong, which would leave
-every group degenerate and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not
+every group all-equal and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not
 timed (kernel autotuning, CUDA graphs, allocator growth). One rollout engine serves every run (it is synced
 to each run's model first), so no run pays for starting vLLM.
 

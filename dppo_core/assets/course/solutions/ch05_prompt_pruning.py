@@ -21,9 +21,9 @@ G = 8
 
 
 def synthetic_history(n_seen: int = 30, seed: int = 0, step: int = 0):
-    """A history of n_seen prompts whose last group of G had success rates spread over [0, 1] (some degenerate)."""
+    """A history of n_seen prompts whose last group of G had success rates spread over [0, 1] (some all-equal)."""
     gen = torch.Generator().manual_seed(seed)
-    success = torch.rand(n_seen, 1, generator=gen) ** 2 * 1.4 - 0.2                  # some < 0 and > 1: degenerate
+    success = torch.rand(n_seen, 1, generator=gen) ** 2 * 1.4 - 0.2                  # some < 0 and > 1: all-equal
     rewards = (torch.rand(n_seen, G, generator=gen) < success).float()               # (n_seen, G)
     ids = [f"q{i}" for i in range(n_seen)]
     history = PromptHistory()
@@ -55,7 +55,7 @@ def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: 
 def exercise_1(predicted_kept=predicted_kept) -> None:
     history, ids, rewards = synthetic_history()
     candidates = ids + [f"new{i}" for i in range(10)]                   # 30 seen, 10 never rolled out
-    degenerate = int((rewards.std(1) == 0).sum())
+    all_equal = int((rewards.std(1) == 0).sum())
     table = []
     for rate in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95):
         row = []
@@ -65,7 +65,7 @@ def exercise_1(predicted_kept=predicted_kept) -> None:
             assert math.isclose(ours, pi.sum().item(), abs_tol=1e-9), (rate, scheme, ours, pi.sum().item())
             row.append(f"{ours:>9.2f}  {pi.sum().item():>7.2f}")
         table.append(f"{rate:>4.2f}   {row[0]}   {'':>13}{row[1]}")
-    print(f"{len(ids)} seen prompts ({degenerate} degenerate last time) + 10 unseen")
+    print(f"{len(ids)} seen prompts ({all_equal} all-equal last time) + 10 unseen")
     print("rate   paper: predicted  package   proportional: predicted  package", *table, sep="\n")
     # Then draw: coin flips keep E[kept] on average, the fixed-size design exactly floor or ceil of it.
     pi = prompt_keep_probs(history, candidates, 0.5, scheme="proportional")
@@ -126,10 +126,10 @@ def repaired_estimate(keep: torch.Tensor, pi: torch.Tensor, x: torch.Tensor) -> 
 
 def exercise_3(greso_estimate=greso_estimate, repaired_estimate=repaired_estimate) -> None:
     history, ids, rewards = synthetic_history(n_seen=12, seed=3)
-    pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's degenerate prompts, else 1
+    pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's all-equal prompts, else 1
     gen = torch.Generator().manual_seed(4)
     x = torch.rand(len(ids), generator=gen, dtype=torch.float64)  # what each prompt gives *now*
-    x[pi < 1] *= 0.3                                              # degenerate last time: gives less now, not nothing
+    x[pi < 1] *= 0.3                                              # all-equal last time: gives less now, not nothing
     target = x.mean().item()
     everything = torch.ones(len(ids), dtype=torch.bool)           # nothing pruned: both are the plain mean
     assert math.isclose(greso_estimate(everything, x), target, rel_tol=1e-12)
