@@ -25,19 +25,15 @@ import random
 from pathlib import Path
 
 from dppo_core.grouplog import informative, read_groups
+from dppo_core.tools.bench.summary import time_to_target
 
 TARGETS = (0.90, 0.95)
 
 
 def steps_to(curve: list[dict], target: float) -> float | None:
-    """The first step at which the run's sampled accuracy reaches ``target``, interpolated between evaluations."""
-    pts = [(p["step"], p["sampled_accuracy"]) for p in curve if p.get("sampled_accuracy") is not None]
-    for (s0, a0), (s1, a1) in zip(pts, pts[1:], strict=False):
-        if a0 >= target:
-            return float(s0)
-        if a1 >= target:
-            return s0 + (s1 - s0) * (target - a0) / (a1 - a0)
-    return float(pts[0][0]) if pts and pts[0][1] >= target else None
+    """The step at which the run's sampled accuracy first reaches ``target``: the bench's own crossing
+    (:func:`dppo_core.tools.bench.summary.time_to_target`), read in steps instead of training seconds."""
+    return time_to_target([{**p, "train_s": float(p["step"])} for p in curve], target)
 
 
 def informative_per_step(run_dir: Path) -> float:
