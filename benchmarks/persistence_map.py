@@ -6,7 +6,7 @@ beside it):
 
     .venv/bin/python benchmarks/persistence_map.py benchmarks/results/realistic-pool/matched \\
         benchmarks/results/persistence-map/persist-50 benchmarks/results/persistence-map/persist-70 \\
-        --output benchmarks/results/persistence-map/map.json
+        benchmarks/results/persistence-map/persist-85 --output benchmarks/results/persistence-map/map.json
 
 Each argument is one ``dppo bench`` invocation (one point: its runs interleaved, its times comparable among
 themselves only) that ran ``grpo_skip``, ``grpo_skip_matched`` and ``dppo_budget``. Per point:

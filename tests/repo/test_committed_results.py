@@ -81,7 +81,7 @@ def test_every_committed_result_says_what_made_it():
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
 HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched",
-                    "cpu-persist-50", "cpu-persist-70")
+                    "cpu-persist-50", "cpu-persist-70", "cpu-persist-85")
 
 
 def test_the_readme_headline_is_the_committed_equal_tuning_tables():
@@ -123,8 +123,8 @@ def test_the_batch_matched_tables_are_generated_from_their_bench_json():
 
 
 def test_the_persistence_map_is_its_committed_benches():
-    """The persistence map (issue #63): the cpu-persist-70 tables of docs/benchmarks.md and of its README (and
-    cpu-persist-50's of its README) are format_markdown of their committed bench.json; map.json's figures of each
+    """The persistence map (issue #63): the cpu-persist-70, -50 and -85 tables of docs/benchmarks.md and of the
+    map's README are format_markdown of their committed bench.json; map.json's figures of each
     point are its bench's, ordered by persistence, with a prediction and its error; the README says against which
     baselines the gain holds."""
     from dppo_core.tools.bench import README_MARKERS, format_markdown
@@ -135,15 +135,16 @@ def test_the_persistence_map_is_its_committed_benches():
     start, end = (m.format(preset="cpu-persist-70") for m in README_MARKERS)
     for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
         assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(result, result["command"]), doc
-    other = json.loads((folder / "persist-50/bench.json").read_text())
-    start, end = (m.format(preset="cpu-persist-50") for m in README_MARKERS)
-    for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
-        assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(other, other["command"]), doc
+    for share in (50, 85):
+        other = json.loads((folder / f"persist-{share}/bench.json").read_text())
+        start, end = (m.format(preset=f"cpu-persist-{share}") for m in README_MARKERS)
+        for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
+            assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(other, other["command"]), doc
     points = json.loads((folder / "map.json").read_text())["points"]
-    assert [p["preset"] for p in points] == ["cpu-realistic", "cpu-persist-50", "cpu-persist-70"]
+    assert [p["preset"] for p in points] == ["cpu-realistic", "cpu-persist-50", "cpu-persist-70", "cpu-persist-85"]
     assert [p["p_equal_after_equal"] for p in points] == sorted(p["p_equal_after_equal"] for p in points)
     benches = {"cpu-realistic": RESULTS / "realistic-pool/matched", "cpu-persist-50": folder / "persist-50",
-               "cpu-persist-70": folder / "persist-70"}
+               "cpu-persist-70": folder / "persist-70", "cpu-persist-85": folder / "persist-85"}
     for p in points:
         bench = json.loads((benches[p["preset"]] / "bench.json").read_text())
         vs = bench["speedup_vs"]["grpo_skip_matched"]["dppo_budget"]["by_target"]
