@@ -193,10 +193,10 @@ class Batch:
         c = trainer.config
         self.rows = trainer.prompts.sample(c.seed, 10_000 + index, prompts)
         ids = [prompt_key(r) for r in self.rows]
-        _, past = trainer.rollout(20_000 + index, self.rows)
+        past = trainer.generate(20_000 + index, self.rows)
         r_past = trainer.score(self.rows, past)
         trainer.estimator.observe(ids, r_past, group_advantages(r_past, c.scale_rewards), 20_000 + index)
-        _, self.batch = trainer.rollout(30_000 + index, self.rows)
+        self.batch = trainer.generate(30_000 + index, self.rows)
         self.rewards = trainer.score(self.rows, self.batch)
         self.adv = group_advantages(self.rewards, c.scale_rewards)
         self.P, self.G = self.adv.shape

@@ -113,11 +113,11 @@ class Candidates:
         self.ids = [prompt_key(r) for r in self.rows]
         for h in range(history_rollouts):
             step = 20_000 + 100 * index + h
-            _, past = trainer.rollout(step, self.rows)
+            past = trainer.generate(step, self.rows)
             r = trainer.score(self.rows, past)
             trainer.estimator.observe(self.ids, r, group_advantages(r, c.scale_rewards), step)
         self.step = 20_000 + 100 * index + history_rollouts
-        _, self.batch = trainer.rollout(30_000 + index, self.rows)
+        self.batch = trainer.generate(30_000 + index, self.rows)
         self.rewards = trainer.score(self.rows, self.batch)
         self.adv = group_advantages(self.rewards, c.scale_rewards)
         self.P, self.G = self.adv.shape

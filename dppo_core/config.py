@@ -211,6 +211,13 @@ class DPPOConfig:
     """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead. Raise it only if
     the prompt keep probabilities are so low that the window fills up before ``prompts_per_step`` are expected
     to be kept (then fewer are rolled out than asked)."""
+    rollout_plan: str = "auto"
+    """How a step turns its kept prompts into rolled-out, rewarded groups (:mod:`dppo_core.plans`; each declared, with
+    what it reads and where it runs, in :data:`dppo_core.registry.ROLLOUT_PLANS`): ``"plain"`` (G completions each,
+    one engine call), ``"pilot"`` (``pilot_size`` first, then the rest of the continued groups), ``"dynamic_sampling"``
+    and ``"dapo_oversampled"`` (DAPO's refill until ``prompts_per_step`` groups are informative: a changed objective,
+    one process), ``"offline_filter"`` (the pool's all-equal prompts dropped once before the first step; cannot
+    resume) or ``"auto"`` (``pilot`` when ``pilot_size`` > 0, else ``plain``)."""
     pilot_size: int = 0
     """Pilot, then continue (``pruning: dppo``): roll out this many of each kept prompt's G completions first (0: off;
     at most G - 1). A group whose pilot rewards are not all equal gets the rest; one whose pilot is all equal gets

@@ -12,18 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dppo_core import registry
+
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
-ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+ROLLOUT_ENGINES = registry.names(registry.ROLLOUT_ENGINES)
 ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")  # rollout_correction: dppo_core.grpo's engine weights
 PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
-SCHEMES = ("paper", "proportional")  # keep-probability schemes of dppo_core.pruning shared by both stages
+#: keep-probability schemes of dppo_core.pruning shared by both stages
+SCHEMES = tuple(n for n in registry.PROMPT_SCHEMES if n in registry.COMPLETION_SCHEMES)
 #: prompt_scheme's rules that read a prompt's whole history through dppo_core.posterior (rewards as pass rates)
-POSTERIOR_PROMPT_SCHEMES = ("posterior", "fitted", "streak")
-PROMPT_SCHEMES = (*SCHEMES, *POSTERIOR_PROMPT_SCHEMES)
-COMPLETION_SCHEMES = (*SCHEMES, "length")  # completion_scheme: length is |A| / len^gamma under a token budget
+POSTERIOR_PROMPT_SCHEMES = registry.names(registry.PROMPT_SCHEMES, reads="pass_counts")
+PROMPT_SCHEMES = registry.names(registry.PROMPT_SCHEMES)
+COMPLETION_SCHEMES = registry.names(registry.COMPLETION_SCHEMES)  # length: |A| / len^gamma under a token budget
+ROLLOUT_PLANS = ("auto", *registry.names(registry.ROLLOUT_PLANS))  # rollout_plan: dppo_core.plans
 CONTINUE_SCHEMES = ("constant", "posterior")  # continue_scheme: dppo_core.posterior.continue_probs
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
 LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.config.learning_rate_at
@@ -36,6 +40,7 @@ class ConfigError(ValueError):
 def check_fields(c: Any) -> None:
     """Raise :class:`ConfigError` naming the first field of config ``c`` that is invalid, and how to fix it."""
     _check_sampling_and_objective(c)
+    _check_plan(c)
     _check_pruning(c)
     _check_layout_and_run(c)
 
@@ -71,6 +76,22 @@ def _check_sampling_and_objective(c: Any) -> None:
     need(c.scale_rewards in SCALE_REWARDS, "scale_rewards", f"choose one of {', '.join(SCALE_REWARDS)}")
     need(c.num_iterations >= 1, "num_iterations", "must be at least 1 PPO epoch")
     need(c.micro_batch_size >= 1, "micro_batch_size", "must be at least 1 completion")
+
+def _check_plan(c: Any) -> None:
+    """The rollout plan (dppo_core.registry.ROLLOUT_PLANS) and what it needs of the other fields."""
+    need = _needs(c)
+    need(c.rollout_plan in ROLLOUT_PLANS, "rollout_plan", f"choose one of {', '.join(ROLLOUT_PLANS)}")
+    plan = registry.plan_name(c.rollout_plan, c.pilot_size)
+    need(c.pilot_size == 0 or plan == "pilot", "pilot_size",
+         f"a pilot is the pilot rollout plan, not rollout_plan {c.rollout_plan!r}; set rollout_plan: auto (or pilot), "
+         "or pilot_size: 0")
+    need(plan != "pilot" or c.pilot_size > 0, "rollout_plan",
+         "the pilot plan rolls out pilot_size completions first; set pilot_size (e.g. 2), or rollout_plan: auto")
+    need(plan not in ("dynamic_sampling", "dapo_oversampled") or c.pruning in ("none", "greso")
+         or c.prompt_prune_rate == 0, "rollout_plan",
+         f"dynamic sampling with pruning {c.pruning!r} and prompt_prune_rate > 0 would drop its prompt weights 1/π; "
+         "use pruning: greso (unweighted skips) or prompt_prune_rate: 0")
+
 
 def _check_pruning(c: Any) -> None:
     need = _needs(c)

@@ -7,7 +7,7 @@ a hand-written one) can call it with plain lists and tensors; no trainer, model 
     ids = draw(est.num_candidates(k))                  # candidate prompt ids for the step (k wanted)
     sel = est.select(ids, step, size=k)                # before rollout: kept positions, keep probs, |B|
     ... roll out ids[i] for i in sel.indices (G each), reward, advantages A over whole groups ...
-    (pilot_size k > 0: roll out k each and reward them, then
+    (a pilot, dppo_core.plans.pilot: roll out k each and reward them, then
      cont = est.continue_groups(ids_rolled_out, R_pilot, step)   # which groups get the rest, and c_q
      roll out the rest (G - k) of the groups in cont.keep; sel = cont.applied(sel): π_q c_q)
     w = est.weigh(A, sel, step)                        # after reward: keep mask, weights, normaliser C
@@ -21,7 +21,8 @@ The estimator (the full-batch GRPO loss over the candidate window B, and what ``
     L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)          L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i})
 
 with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
-(completions, from |A|) come from :mod:`dppo_core.pruning` (with a pilot, ``pilot_size``, π_q is multiplied by c_q,
+(completions, from |A|) come from :mod:`dppo_core.pruning` (with a pilot, :mod:`dppo_core.plans.pilot`, π_q is
+multiplied by c_q,
 the probability that the group was continued after its first k completions:
 :func:`dppo_core.posterior.continue_probs`, 1 where the pilot's rewards differ) (the baselines' rules from
 :mod:`dppo_core.biased_baselines`); E[L̂(θ)] = L(θ) for every θ fixed before the draw, so the loss and its
@@ -46,7 +47,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dppo_core import biased_baselines, posterior, pruning
+from dppo_core import biased_baselines, posterior, pruning, registry
 from dppo_core.grpo import group_advantages
 from dppo_core.history import PromptHistory
 
@@ -125,6 +126,11 @@ class Estimator:
     history_max_age: int | None = None  # forget a prompt's history after this many steps (then: unseen)
     history: PromptHistory = field(default_factory=PromptHistory)
 
+    @property
+    def needs_lengths(self) -> bool:
+        """``weigh`` needs the completions' token counts (``lengths=``, shape (P, G)): no mode here."""
+        return False
+
     @classmethod
     def from_config(cls, config: Any) -> Estimator:
         """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names): each of this
@@ -141,7 +147,7 @@ class Estimator:
         """Which candidates to roll out. ``size``: the prompts per step wanted (default: every candidate)."""
         return full_selection(len(candidate_ids) if size is None else min(size, len(candidate_ids)))
 
-    # --- after the pilot (pilot_size > 0) ---------------------------------------------------------
+    # --- after a pilot (the pilot plan, dppo_core.plans.pilot, asks) -----------------------------------
     def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
         """Which groups, given their pilot's rewards (P, k), get the rest of their completions: all of them here."""
         n = len(prompt_ids)
@@ -225,8 +231,9 @@ class DPPOEstimator(PromptPruning):
        needs the completions' lengths: ``weigh(A, selection, step, lengths=L)`` (``needs_lengths``).
     4. ``prompt_scheme="posterior"`` scores prompts by a Beta-binomial posterior over their whole history
        (discounted with ``posterior_half_life`` steps) instead of the last group's mean |A|.
-    5. Not in the paper: a pilot (``pilot_size`` k > 0) rolls out k completions per kept prompt first; a group whose
-       pilot is all equal is continued with probability c_q (:meth:`continue_groups`) and weighted 1 / c_q.
+    5. Not in the paper: a pilot (the ``pilot`` rollout plan, :mod:`dppo_core.plans.pilot`) rolls out k completions
+       per kept prompt first; a group whose pilot is all equal is continued with probability c_q
+       (:meth:`continue_groups`) and weighted 1 / c_q.
     """
 
     name: ClassVar[str] = "dppo"
@@ -242,7 +249,6 @@ class DPPOEstimator(PromptPruning):
     posterior_half_life: float | None = 20.0  # steps after which a group's evidence counts half (None: never)
     length_exponent: float = 0.5  # γ of the ``length`` completion scheme
     completion_target_ess: float | None = None  # adapt the completion rate per step (at most the rate above)
-    pilot_size: int = 0  # k: completions rolled out per prompt before the continue draw (0: no pilot)
     continue_probability: float = 0.25  # c: an all-equal pilot's continue probability (posterior: the least)
     continue_scheme: str = "constant"  # or "posterior" (dppo_core.posterior.continue_probs)
     #: the ``streak`` prompt scheme's counts (:class:`~dppo_core.posterior.StreakCalibration`), checkpointed
@@ -273,7 +279,7 @@ class DPPOEstimator(PromptPruning):
 
     def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
         # ``streak``: count each group into the calibration as the history before it predicted it, then record it
-        if self.prompt_scheme == "streak" and len(prompt_ids):
+        if registry.PROMPT_SCHEMES[self.prompt_scheme].calibrated and len(prompt_ids):
             p = posterior.fitted_informative(self.history, prompt_ids, self.group_size, step=step,
                                              max_age=self.history_max_age)
             self.calibration.record(self.history, prompt_ids, p, torch.as_tensor(rewards, dtype=torch.float64),
@@ -298,8 +304,6 @@ class DPPOEstimator(PromptPruning):
     def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
         """Each group whose pilot is not all equal is continued; each other one with probability c_q (an independent
         draw of (seed, step) only: resumable). Call it before the history records this step's groups."""
-        if not self.pilot_size:
-            return super().continue_groups(prompt_ids, pilot_rewards, step)
         probs = self.continue_probs(prompt_ids, pilot_rewards, step)
         return Continuation(pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "pilot")), probs)
 

@@ -73,7 +73,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from dppo_core import posterior
+from dppo_core import posterior, registry
 from dppo_core.biased_baselines import cppo_keep, greso_keep_probs
 from dppo_core.config import COMPLETION_SCHEMES, FIXED_SIZE_DESIGNS, PROMPT_SCHEMES, SCHEMES
 from dppo_core.history import PromptHistory
@@ -293,17 +293,18 @@ def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: f
     rescales them so that the expected number of prompts kept is ``budget`` (see :func:`dense_window`).
     """
     _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
-    if scheme == "streak":
+    rule = registry.PROMPT_SCHEMES[scheme]
+    if rule.calibrated:  # streak
         informative = posterior.fitted_informative(history, prompt_ids, group_size, step=step, max_age=max_age)
         if calibration is not None:
             informative = calibration.predict(history, prompt_ids, informative, step=step, max_age=max_age)
         return keep_probs_from_scores(informative, rate, scheme="proportional", min_keep_prob=min_keep_prob,
                                       budget=budget)
-    if scheme in ("posterior", "fitted"):  # fitted: P(informative) itself, under the pool's fitted prior
-        prior = history.fitted_prior(group_size) if scheme == "fitted" else (1.0, 1.0)
+    if "pass_counts" in rule.reads:  # posterior: √P(informative); fitted: P itself, under the pool's fitted prior
+        prior = history.fitted_prior(group_size) if rule.prior == "fitted" else (1.0, 1.0)
         scored = posterior.posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,
                                             scale_rewards=scale_rewards)
-        values = scored ** (2 if scheme == "fitted" else 1)
+        values = scored ** round(2 * rule.power)  # the scores are √P(informative)
         return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob, budget=budget)
     scores = [history.score(pid, step, max_age) for pid in prompt_ids]
     forced = torch.tensor([s is None for s in scores], dtype=torch.bool)

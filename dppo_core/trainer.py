@@ -8,7 +8,9 @@ One step (:meth:`DPPOTrainer.train_step`), as data (docs/architecture.md, "One s
     kept sequences ──layout (padded or packed) ──policy_loss × weights──► optimizer step ──engine.sync
 
 Which prompts and completions are kept, and with what weight, is the estimator's business
-(:mod:`dppo_core.estimator`, one class per ``pruning`` mode); the trainer never asks which mode it runs.
+(:mod:`dppo_core.estimator`, one class per ``pruning`` mode); how the kept prompts become rolled-out, rewarded
+groups (one engine call, a pilot, a refill) is the rollout plan's (:mod:`dppo_core.plans`, ``self.plan``); the
+trainer never asks which mode or plan it runs.
 What is not the step lives beside it: the run's life (output directory, resume, checkpoints, logs, Ctrl-C, the
 evaluation schedule: :class:`dppo_core.run.Run`, which the trainer is), prompts (:mod:`dppo_core.data`), the policy
 (:mod:`dppo_core.policy`), log-probs and micro-batch layout (:mod:`dppo_core.logprobs`), data-parallel gathers
@@ -33,31 +35,24 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from dppo_core import pilot
 from dppo_core.config import ConfigError, DPPOConfig, learning_rate_at
 from dppo_core.data import PromptSource, build_prompt_source, check_prompt_lengths, prompt_key
-from dppo_core.distributed import (
-    all_reduce_gradients,
-    broadcast_parameters,
-    from_main,
-    gather_groups,
-    job_layout_stats,
-    shard,
-)
-from dppo_core.estimator import Continuation, Selection, Weighting, make_estimator
+from dppo_core.distributed import all_reduce_gradients, broadcast_parameters, from_main, job_layout_stats
+from dppo_core.estimator import Selection, Weighting, make_estimator
 from dppo_core.grouplog import group_record
 from dppo_core.grpo import group_advantages, policy_loss
 from dppo_core.history import PromptHistory
 from dppo_core.logprobs import Sequences, engine_weights, layout_micro_batches
 from dppo_core.packing import attention_implementation
+from dppo_core.plans import PromptSelection, make_plan
 from dppo_core.policy import load_policy, load_reference, resolve_model_path
 from dppo_core.pruning import effective_sample_size
+from dppo_core.registry import samples_from_policy
 from dppo_core.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from dppo_core.run import Callback, PhaseTimer, Run
 from dppo_core.shared_prefix import NAME as SEGMENTS
@@ -65,6 +60,8 @@ from dppo_core.shared_prefix import NAME as SEGMENTS
 if TYPE_CHECKING:
     from peft import PeftModel
 
+#: The phases of a step a :class:`~dppo_core.run.PhaseTimer` times (``time_<phase>`` in ``metrics.jsonl``).
+PHASES = ("prune", "rollout", "reward", "update", "sync")
 ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_rows": 0,
               "update_capacity": 0, "update_density": 0.0, "padding_avoided": 0, "time_pack": 0.0}
 
@@ -85,27 +82,6 @@ def micro_batch_loss(config: DPPOConfig, seqs: Sequences, idx: Any, logprobs: to
                        epsilon=c.epsilon, epsilon_high=c.epsilon_high, loss_type=c.loss_type,
                        num_sequences=seqs.num_sequences, max_completion_length=c.max_completion_length,
                        num_tokens=seqs.global_rolled_out_tokens, token_weights=engine_weights)
-
-
-@dataclass
-class PromptSelection(Selection):
-    """A :class:`~dppo_core.estimator.Selection` with the kept prompts' rows, as sent to the rollout engine."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class RolledOut:
-    """What :meth:`DPPOTrainer.roll_out` hands the rest of the step: the groups to train (a pilot: the continued)."""
-
-    selection: PromptSelection  # the groups' prompts and inclusion probabilities (π_q, times c_q after a pilot)
-    offset: int  # the position of this rank's first group among every rank's
-    batch: RolloutBatch  # this rank's groups, G completions each
-    rewards: torch.Tensor  # (P, G): every rank's groups
-    lengths: list[int]  # every rank's completions' token counts, P·G in group order
-    means: dict[str, float]  # the mean of each reward function
-    stats: dict[str, Any] = field(default_factory=dict)  # with a pilot: its metrics (they replace the step's)
-    stopped: tuple | None = None  # with a pilot: the stopped groups (ids, π, pilot rewards, pilot lengths)
 
 
 class DPPOTrainer(Run):
@@ -148,6 +124,7 @@ class DPPOTrainer(Run):
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.99),
                                            weight_decay=config.weight_decay)
         self.estimator = make_estimator(config)  # which prompts and completions to keep, and their weights
+        self.plan = make_plan(config)  # how the kept prompts become rolled-out, rewarded groups (dppo_core.plans)
         self.engine: RolloutEngine | None = None
         self._prompt_lengths: dict[str, int] = {}
 
@@ -160,6 +137,13 @@ class DPPOTrainer(Run):
     def history(self, value: PromptHistory) -> None:
         self.estimator.history = value
 
+    def run_state(self) -> dict[str, Any]:
+        """What a checkpoint holds beside the weights: the estimator's state (its prompt history)."""
+        return self.estimator.state_dict()
+
+    def load_run_state(self, state: dict[str, Any]) -> None:
+        self.estimator.load_state_dict(state)
+
     # --- helpers ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
         return learning_rate_at(step, self.config)
@@ -169,8 +153,6 @@ class DPPOTrainer(Run):
         from dppo_core.rollout import make_rollout_engine
 
         kind = self.config.rollout_engine
-        if kind == "hf":
-            return make_rollout_engine("hf", model=self.model, tokenizer=self.tokenizer)
         # "vllm" demands vLLM (an error if it cannot start); "auto" falls back to transformers with a warning
         return make_rollout_engine(kind, model=self.model, tokenizer=self.tokenizer, model_path=self.model_path,
                                    require=kind == "vllm", seed=self.config.seed)
@@ -186,7 +168,7 @@ class DPPOTrainer(Run):
         ``auto`` is ``token`` for any engine but the transformers one, which samples from the policy itself)."""
         mode = self.config.rollout_correction
         if mode == "auto":
-            return "token" if self.engine is not None and self.engine.name != "hf" else None
+            return "token" if self.engine is not None and not samples_from_policy(self.engine.name) else None
         return None if mode == "off" else mode
 
     # --- the parts of one step --------------------------------------------------------------------
@@ -202,13 +184,11 @@ class DPPOTrainer(Run):
             sel = self.estimator.select([prompt_key(r) for r in stream], step)
         return PromptSelection(sel.indices, sel.probs, sel.window, [stream[i] for i in sel.indices])
 
-    def rollout(self, step: int, rows: list[dict[str, Any]] | None = None, n: int | None = None, call: int = 0
-                ) -> tuple[list[dict[str, Any]], RolloutBatch]:
-        """Sample ``n`` (default ``num_generations``) completions for each prompt of ``rows`` (default: the step's
-        selection). ``call``: the step's engine call (1: the rest after a pilot), each with its own random stream."""
+    def generate(self, step: int, rows: list[dict[str, Any]], n: int | None = None, call: int = 0) -> RolloutBatch:
+        """Sample ``n`` (default ``num_generations``) completions for each prompt of ``rows``, in one engine call
+        (what every rollout plan calls: :mod:`dppo_core.plans`). ``call``: the step's engine call (1: the rest after
+        a pilot; dynamic sampling's refill rounds), each with its own random stream of (seed, step, rank, call)."""
         c = self.config
-        if rows is None:
-            rows = self.select_prompts(step).rows
         if self.context_length:
             check_prompt_lengths(rows, self.tokenizer, self.context_length, c.max_completion_length,
                                  self._prompt_lengths)
@@ -219,62 +199,7 @@ class DPPOTrainer(Run):
         sampling = SamplingConfig(max_tokens=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
                                   seed=seed)
         assert self.engine is not None, "train() starts the rollout engine in start() (or set trainer.engine)"
-        return rows, self.engine.generate([r["prompt"] for r in rows], n or c.num_generations, sampling)
-
-    def roll_out(self, selection: PromptSelection, timer: PhaseTimer) -> RolledOut:
-        """Roll out and reward the selection's groups, this rank its contiguous share (every rank then holds every
-        group's rewards). With ``pilot_size`` k: k completions each, the continue draw (:meth:`continue_groups`), the
-        rest of the continued groups in a second engine call, and the two joined (:mod:`dppo_core.pilot`)."""
-        c, k = self.config, self.config.pilot_size
-        mine = shard(len(selection.rows), self.dist)
-        rows = selection.rows[mine.start:mine.stop]
-        batch, rewards, lengths, means = self._generate(rows, k or c.num_generations, 0, timer)
-        if not k:
-            return RolledOut(selection, mine.start, batch, rewards, lengths, means)
-        continued, cont = self.continue_groups(selection, rewards, self.step)
-        timer.lap("prune")
-        mine_cont = [j - mine.start for j in cont.positions if j in mine]
-        rest, rest_rewards, rest_lengths, rest_means = self._generate([rows[j] for j in mine_cont],
-                                                                      c.num_generations - k, 1, timer)
-        pilot_lens = torch.tensor(lengths).view(rewards.shape)
-        joined = pilot.join(pilot_lens, torch.tensor(rest_lengths).view(rest_rewards.shape), cont.positions)
-        generated, done = sum(lengths) + sum(rest_lengths), len(lengths) + len(rest_lengths)  # stopped pilots too
-        stats = {"prompts_rolled_out": len(selection.rows), "pilot_groups_stopped": len(cont.stopped),
-                 "pilot_tokens": sum(lengths), "tokens_generated": generated, "completions_rolled_out": done,
-                 "tokens_saved_rollout_est": round(selection.window * c.num_generations * generated / done) - generated,
-                 "decode_steps": max(lengths, default=0) + max(rest_lengths, default=0)}
-        return RolledOut(continued, sum(1 for j in cont.positions if j < mine.start),
-                         pilot.join_batches(batch, rest, mine_cont), pilot.join(rewards, rest_rewards, cont.positions),
-                         joined.flatten().tolist(),
-                         pilot.join_means(means, rewards.numel(), rest_means, rest_rewards.numel()), stats,
-                         ([prompt_key(selection.rows[j]) for j in cont.stopped], selection.probs[cont.stopped],
-                          rewards[cont.stopped], pilot_lens[cont.stopped]))
-
-    def _generate(self, rows: list[dict[str, Any]], n: int, call: int, timer: PhaseTimer
-                  ) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
-        """``n`` completions for each of this rank's ``rows``, rewarded; every rank's rewards (P, n), lengths, means."""
-        batch = self.rollout(self.step, rows, n, call)[1] if rows else RolloutBatch([])
-        timer.lap("rollout")
-        means: dict[str, float] = {}
-        rewards = self.score(rows, batch, means) if rows else torch.zeros(0, n)
-        lengths = [comp.length for g in batch.groups for comp in g.completions]
-        rewards, lengths, means = gather_groups(rewards, lengths, means, self.dist)
-        timer.lap("reward")
-        return batch, rewards, lengths, means
-
-    def continue_groups(self, selection: PromptSelection, pilot_rewards: torch.Tensor, step: int,
-                        observe: bool = True) -> tuple[PromptSelection, Continuation]:
-        """After the pilot (rewards (P, k) of the selection's groups): the estimator's continue draw, and the
-        continued groups as a selection whose probabilities are π_q c_q. ``observe``: the stopped groups' pilots go
-        into the history (after the draw, which reads the history as it was before the step)."""
-        ids = [prompt_key(r) for r in selection.rows]
-        cont = from_main(self.estimator.continue_groups(ids, pilot_rewards, step), self.dist)  # rank 0's draw
-        if observe and cont.stopped:
-            r = pilot_rewards[cont.stopped]
-            self.estimator.observe([ids[j] for j in cont.stopped], r, group_advantages(r, self.config.scale_rewards),
-                                   step)
-        sel = cont.applied(selection)
-        return PromptSelection(sel.indices, sel.probs, sel.window, [selection.rows[j] for j in cont.positions]), cont
+        return self.engine.generate([r["prompt"] for r in rows], n or c.num_generations, sampling)
 
     def score(self, rows: list[dict[str, Any]], batch: RolloutBatch, means: dict[str, float] | None = None,
               parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -325,7 +250,7 @@ class DPPOTrainer(Run):
         extra: dict[str, torch.Tensor | None] = {}
         if self.estimator.needs_rewards:
             extra["rewards"] = rewards
-        if getattr(self.estimator, "needs_lengths", False):
+        if self.estimator.needs_lengths:
             extra["lengths"] = lengths
         return adv, from_main(self.estimator.weigh(adv, selection, step, **extra), self.dist)  # rank 0's draw
 
@@ -414,23 +339,30 @@ class DPPOTrainer(Run):
 
     # --- one step ---------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """One step: select (prune prompts), roll out, reward, advantages, weigh (prune completions), update, sync."""
-        c, timer = self.config, PhaseTimer()
+        """One step: select (prune prompts), roll out and reward (the plan), advantages, weigh (prune completions),
+        update, sync."""
+        c, plan = self.config, self.plan
+        plan.prepare(self)  # before the step's clock (the offline filter's pass over the pool)
+        timer = PhaseTimer(PHASES)
         # 1. select: which candidate prompts to roll out (prompt pruning, before any generation); rank 0's draw
-        selection = self.last_selection = from_main(self.select_prompts(self.step), self.dist)
+        selection = self.last_selection = from_main(plan.select(self, self.step), self.dist)
         timer.lap("prune")
         if not selection.rows:  # every candidate pruned: the estimate is exactly 0 (a valid draw); step counted
             return self._skipped_step(selection, timer)
-        # 2-3. roll out (this rank's share of the kept prompts, G each; with a pilot, k each, then the rest of the
-        # continued groups) and reward every completion; every rank gets every group's rewards
-        out = self.roll_out(selection, timer)
+        # 2-3. roll out and reward every completion (the plan: this rank's share of the kept prompts, G each; a
+        # pilot's k, then the rest of the continued groups; a refill's rounds); every rank gets every group's rewards
+        out = plan.roll_out(self, selection, timer)
         selection, batch, rewards, lengths, means = out.selection, out.batch, out.rewards, out.lengths, out.means
         lens = torch.tensor(lengths, dtype=torch.long).view(rewards.shape)  # (P, G): every rank's groups
         if c.log_groups:  # groups.jsonl's line (train() writes it)
-            self.last_groups = group_record(self.step + 1, selection.window, [prompt_key(r) for r in selection.rows],
-                                            selection.probs, rewards, lens, stopped=out.stopped)
-        if not selection.rows:  # every group stopped after its pilot: the estimate is exactly 0 (a valid draw)
-            return {**timer.record(), **self._skipped_step(selection, timer), **out.stats}
+            self.last_groups = out.group_line or group_record(
+                self.step + 1, selection.window, [prompt_key(r) for r in selection.rows], selection.probs, rewards,
+                lens, stopped=out.stopped)
+        if not selection.rows:  # e.g. every group stopped after its pilot: the estimate is exactly 0 (a valid draw)
+            record = {**timer.record(), **self._skipped_step(selection, timer), **out.stats}
+            if not out.mark_skipped:
+                del record["skipped"]
+            return record
         # 4. advantages, the history, then weigh: which completions to train on, weights 1/(π_q p_qi), normaliser
         adv, weighting = self.weigh(selection, rewards, lens, self.step)
         seqs = self.sequences(batch, adv, weighting, group_offset=out.offset)
@@ -441,7 +373,7 @@ class DPPOTrainer(Run):
         # 5. update (dense packing inside), then 6. the engine samples from the new policy next step
         stats = self.update(seqs) if len(weights) else ZERO_STATS  # every rank joins if any rank trains
         timer.lap("update")
-        assert self.engine is not None  # rollout() above used it
+        assert self.engine is not None  # the plan's generate() above used it
         self.engine.sync(self.model)
         timer.lap("sync")
         self.step += 1
@@ -472,7 +404,7 @@ class DPPOTrainer(Run):
             "tokens_saved_update": seqs.global_rolled_out_tokens - seqs.global_num_tokens,
             "weight_ess": effective_sample_size(weights) if len(weights) else 0.0,
             "weight_max": float(weights.max()) if len(weights) else 0.0,
-            **timer.record(stats["time_pack"]),
+            **timer.record(less={"update": stats["time_pack"]}),
         }
 
     # --- evaluation -------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ Departures from TRL's GRPOTrainer, and why:
    ``split_tensor_dict`` needs a multiple of ``steps_per_generation`` and drops the remainder), so
    ``_prepare_inputs`` is re-implemented for training; evaluation is TRL's, unpruned.
 5. ``dense_prompts`` is refused (a ValueError): it looks past the candidate window, but TRL's sampler draws
-   a fixed generation batch, which is the window. So is ``pilot_size`` (TRL generates a group in one call).
+   a fixed generation batch, which is the window. No rollout plan but the plain one runs here (TRL generates a
+   group in one call): a pilot or dynamic sampling is a plan of dppo_core's trainer (``dppo_core.registry``).
    With prompt pruning, ``scale_rewards="batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are
    refused: their advantages use statistics of the
    whole rolled-out batch, which pruning changes.
@@ -257,10 +258,6 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
                              f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
                              "drop_zero_advantage=False")
-        if getattr(self.estimator, "pilot_size", 0):
-            raise ValueError("DPPOGRPOTrainer does not support pilot_size: TRL generates each group in one call, so "
-                             "there is no pilot to decide on; set pilot_size=0 (or run the pilot with dppo_core's "
-                             "DPPOTrainer)")
         size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
             raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the generation "
@@ -315,7 +312,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
         # TRL computed the advantages over the gathered batch and kept this process's slice: gather them back
         advantages = self.accelerator.gather(batch["advantages"].detach())[:real].to("cpu", torch.float64).view(-1, g)
         extra = {}
-        if getattr(self.estimator, "needs_lengths", False):  # completion_scheme="length": the tokens per completion
+        if self.estimator.needs_lengths:  # completion_scheme="length": the tokens per completion
             lengths = self.accelerator.gather(batch["completion_mask"].sum(1).detach())
             extra["lengths"] = lengths[:real].to("cpu").view(-1, g)
         if real:

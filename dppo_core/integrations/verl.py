@@ -162,7 +162,7 @@ def weigh_rows(advantages: torch.Tensor, groups: dict[Any, list[int]], estimator
                          "run it with dppo_core's DPPOTrainer")
     rows = torch.tensor(list(groups.values()), dtype=torch.long)  # (P, G); a ragged list raises here
     extra: dict[str, torch.Tensor] = {}
-    if getattr(estimator, "needs_lengths", False) and lengths is not None:
+    if estimator.needs_lengths and lengths is not None:
         extra["lengths"] = lengths[rows]
     weighting = estimator.weigh(advantages[rows], selection, step, **extra)
     n = advantages.shape[0]
@@ -284,13 +284,11 @@ def install(estimator: Estimator, group_size: int, step: int = 0) -> None:
     driver); ``group_size`` is ``rollout.n``; ``step`` the count of draws so far (verl's own trainer; under
     :data:`TRAINER_MODE` the step is verl's global step). An estimator that prunes prompts needs
     :data:`TRAINER_MODE` (:func:`check_config` says so); dense prompts are refused: verl's dataloader hands
-    the trainer a fixed number of candidates per step; so is a pilot (``pilot_size``)."""
+    the trainer a fixed number of candidates per step. No rollout plan but the plain one runs on verl (a pilot is a
+    plan of dppo_core's trainer: ``dppo_core.registry.ROLLOUT_PLANS``)."""
     if isinstance(estimator, PromptPruning) and estimator.dense_prompts:
         raise ValueError("dense_prompts on verl: its dataloader yields a fixed data.train_batch_size candidates per "
                          "step, so the window cannot look ahead; set dense_prompts false")
-    if getattr(estimator, "pilot_size", 0):
-        raise ValueError("pilot_size on verl: its rollout generates each group of rollout.n in one call, so there is "
-                         "no pilot to decide on; set pilot_size 0 (the pilot runs in dppo_core's DPPOTrainer)")
     _INSTALLED.estimator, _INSTALLED.group_size, _INSTALLED.step = estimator, group_size, step
     _INSTALLED.selected, _INSTALLED.window = {}, 0
 

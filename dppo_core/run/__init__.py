@@ -12,8 +12,10 @@ The loop (:meth:`Run.train`), as a schedule:
     until max_steps: train_step ── log ── every eval_steps: evaluate ── every save_steps: checkpoint ── Ctrl-C?
     checkpoint ── evaluate ── final/
 
-A subclass sets ``model``, ``tokenizer``, ``optimizer`` and ``estimator`` (whose ``state_dict`` a checkpoint holds)
-and ``model_path``, and implements :meth:`train_step` and :meth:`evaluate`; :meth:`start` runs before the first step.
+A subclass sets ``model``, ``tokenizer``, ``optimizer`` and ``model_path``, implements :meth:`train_step` and
+:meth:`evaluate`, and says what else a checkpoint holds (:meth:`run_state`, :meth:`load_run_state`: the trainer's
+prompt history); :meth:`start` runs before the first step. The run knows no algorithm: a step's phases are named by
+whoever times them (:class:`PhaseTimer`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from dppo_core.run.disk import RunExistsError
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
-
-    from dppo_core.estimator import Estimator
 
 __all__ = ["Callback", "PhaseTimer", "Run", "RunExistsError", "StopRequest", "disk"]
 
@@ -87,22 +87,27 @@ class StopRequest:
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``."""
+    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``, one of
+    the ``names`` the timer was made with (the trainer's: prune, rollout, reward, update, sync)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Sequence[str]) -> None:
         self.start = self.last = time.perf_counter()
+        self.names = tuple(names)
         self.phases: dict[str, float] = {}
 
     def lap(self, name: str) -> None:
+        if name not in self.names:
+            raise ValueError(f"phase {name!r}: this timer times {', '.join(self.names)}")
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self.last
         self.last = now
 
-    def record(self, time_pack: float = 0.0) -> dict[str, float]:
-        p = self.phases
-        return {"time_prune": p.get("prune", 0.0), "time_rollout": p.get("rollout", 0.0),
-                "time_reward": p.get("reward", 0.0), "time_update": p.get("update", 0.0) - time_pack,
-                "time_sync": p.get("sync", 0.0), "step_time": self.last - self.start}
+    def record(self, less: dict[str, float] | None = None) -> dict[str, float]:
+        """``time_<name>`` for every phase (0 for one not lapped), less the seconds ``less`` moves out of a phase
+        (the update's packing, logged on its own), and ``step_time``, the seconds from the start to the last lap."""
+        less = less or {}
+        return {**{f"time_{n}": self.phases.get(n, 0.0) - less.get(n, 0.0) for n in self.names},
+                "step_time": self.last - self.start}
 
 
 class Run:
@@ -117,12 +122,11 @@ class Run:
         progress: show a progress bar (on a terminal, on the main process).
     """
 
-    # Set by the subclass: what a checkpoint holds (the estimator's state_dict: its prompt history), and the paths
-    # the run reads (which ``overwrite`` must not move away).
+    # Set by the subclass: what a checkpoint holds beside run_state(), and the paths the run reads (which
+    # ``overwrite`` must not move away).
     model: torch.nn.Module
     tokenizer: Any
     optimizer: torch.optim.Optimizer
-    estimator: Estimator
     model_path: str
     #: What Ctrl-C's message says to do next (the bench sets its own).
     stop_hint: str = "continue with --resume"
@@ -157,6 +161,16 @@ class Run:
 
     def evaluate(self) -> dict[str, Any]:
         """Evaluate the current policy (called on the main process only)."""
+        raise NotImplementedError
+
+    def run_state(self) -> dict[str, Any]:
+        """What a checkpoint holds beside the weights, the optimizer, the step and the RNG: the subclass's own
+        JSON-serialisable state (the trainer's: its estimator's prompt history, which :mod:`dppo_core.run.disk`
+        checks on reading, before anything is restored)."""
+        raise NotImplementedError
+
+    def load_run_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`run_state` returned (called after the weights and the optimizer)."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -195,7 +209,7 @@ class Run:
         """Write model/adapter, optimizer, prompt history and step to ``checkpoint-<step>`` atomically."""
         state = {"config": self.config.to_dict(), "model_path": self.model_path}
         return disk.save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.optimizer,
-                                    state, self.estimator.state_dict(), keep=keep)
+                                    state, self.run_state(), keep=keep)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore a checkpoint; everything is read and checked first, so a damaged one changes nothing."""
@@ -203,7 +217,7 @@ class Run:
         disk.load_weights(self.model, found.weights, self.config.update_mode, path)
         self.optimizer.load_state_dict(found.optimizer_state)
         if found.estimator_state is not None:
-            self.estimator.load_state_dict(found.estimator_state)
+            self.load_run_state(found.estimator_state)
         torch.set_rng_state(torch.tensor(found.torch_rng, dtype=torch.uint8))
         self.step = found.step
         if self.dist.is_main:  # a run killed while writing or deleting a checkpoint left these: not checkpoints

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dppo_core.registry import PROMPT_SCHEMES
+
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
@@ -127,15 +129,16 @@ def _bottom_line(r: Mapping[str, Any]) -> str:
             f"gain from the update (with both stages it trains {_pct(cs['both_stages_trained_share_of_generated'])} "
             "of the generated tokens in expectation), not from fewer rollouts"
             + ("; --prompt-scheme fitted replays the sharper rule, which cuts more where many prompts are solved "
-               "always or never" if r["settings"]["prompt_scheme"] not in ("fitted", "streak") else ""))
+               "always or never" if PROMPT_SCHEMES[r["settings"]["prompt_scheme"]].prior != "fitted" else ""))
 
 
-#: How the replayed prompt rule scores prompts, for :func:`assumptions` (the parenthesis is closed there).
-RULE_WORDS = {
-    "fitted": "P(informative) under a Beta-binomial posterior with a prior fitted to the pool (prompt_scheme fitted",
-    "streak": "P(informative) under a Beta-binomial posterior with a prior fitted to the pool, recalibrated after a "
-              "run of all-equal groups by the log's own earlier groups (prompt_scheme streak",
-    "posterior": "√P(informative) under a Beta-binomial posterior (uniform prior"}
+def rule_words(scheme: str) -> str:
+    """How the replayed prompt rule scores prompts, for :func:`assumptions` (the parenthesis is closed there): the
+    registry's summary of ``scheme`` (one that reads no pass counts is replayed as ``posterior``)."""
+    rule = PROMPT_SCHEMES[scheme]
+    if "pass_counts" not in rule.reads:
+        return rule_words(next(n for n, c in PROMPT_SCHEMES.items() if c.prior == "uniform"))
+    return rule.summary + ("" if rule.prior == "uniform" else f" (prompt_scheme {scheme}")
 
 
 def assumptions(r: Mapping[str, Any]) -> list[str]:
@@ -144,7 +147,7 @@ def assumptions(r: Mapping[str, Any]) -> list[str]:
     out = ["the replay observes every logged group in order: the logged trajectory is taken as the one a pruned run "
            "would follow (pruning changes which prompts are seen, hence the history and the policy)",
            f"DPPO as the {s['preset']} preset: prompts kept ∝ "
-           + RULE_WORDS.get(s["prompt_scheme"], RULE_WORDS["posterior"])
+           + rule_words(s["prompt_scheme"])
            + f"; half-life {s['posterior_half_life']:g} steps, floor {s['min_prompt_keep_prob']:g}), dense prompts off "
            f"(the rate saves rollouts rather than refilling the batch); completions by the {s['completion_scheme']} "
            f"scheme (γ {s['length_exponent']:g}, floor {s['min_completion_keep_prob']:g}); every figure is an "

@@ -22,6 +22,7 @@ from run_helpers import parity_reward  # tests/helpers/run_helpers.py, beside th
 
 from dppo_core.config import DPPOConfig
 from dppo_core.distributed import shard
+from dppo_core.plans.pilot import Pilot
 from dppo_core.rollout import RolloutBatch
 from dppo_core.trainer import DPPOTrainer
 
@@ -44,14 +45,16 @@ def positions(engine, prompts) -> list[tuple[int, int, int]]:
 
 def spy_on_the_continue_draw(trainer, engine) -> None:
     """Notes the continued groups' positions of each step on ``engine`` (the call after the pilot asks for them)."""
-    draw = trainer.continue_groups
+    if not isinstance(trainer.plan, Pilot):  # no pilot: no continue draw to note
+        return
+    draw = trainer.plan.continue_groups
 
-    def spied(selection, pilot_rewards, step, observe=True):
-        continued, cont = draw(selection, pilot_rewards, step, observe)
+    def spied(run, selection, pilot_rewards, step, observe=True):
+        continued, cont = draw(run, selection, pilot_rewards, step, observe)
         engine.continued = cont.positions
         return continued, cont
 
-    trainer.continue_groups = spied
+    trainer.plan.continue_groups = spied
 
 
 class RecordingEngine:

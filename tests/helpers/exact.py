@@ -12,7 +12,7 @@ import itertools
 import torch
 from enumeration import Enumerator
 
-from dppo_core import pilot, pruning
+from dppo_core import pruning
 from dppo_core.config import (
     COMPLETION_SCHEMES,
     CONTINUE_SCHEMES,
@@ -26,6 +26,7 @@ from dppo_core.config import (
 from dppo_core.distributed import DistInfo
 from dppo_core.estimator import make_estimator
 from dppo_core.grpo import group_advantages
+from dppo_core.plans import pilot
 from dppo_core.posterior import StreakCalibration
 from dppo_core.pruning import PromptHistory
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
@@ -104,11 +105,11 @@ class Candidates:
 
 
 class StepParts:
-    """``DPPOTrainer``'s own functions for the parts of ``train_step`` that choose and weigh, on a stand-in that
-    holds only what they read (the config, the estimator, the prompt source): no model, no engine."""
+    """``DPPOTrainer``'s own functions for the parts of ``train_step`` that choose and weigh (and, handed this
+    stand-in, the pilot plan's continue draw), on a stand-in that holds only what they read (the config, the
+    estimator, the prompt source): no model, no engine."""
 
     select_prompts = DPPOTrainer.select_prompts
-    continue_groups = DPPOTrainer.continue_groups
     weigh = DPPOTrainer.weigh
 
     def __init__(self, config: DPPOConfig, estimator, ids: list[str]):
@@ -127,7 +128,7 @@ def run_step(config: DPPOConfig, estimator, ids: list[str], theta: Params, scale
     lengths = torch.tensor([LENGTHS[q] for q in kept]).view(len(kept), G)
     if config.pilot_size:  # roll_out's order: the pilot's k rewards, the continue draw, the rest of the continued
         k = config.pilot_size
-        sel, cont = parts.continue_groups(sel, rewards[:, :k], STEP, observe=observe)
+        sel, cont = pilot.Pilot(config).continue_groups(parts, sel, rewards[:, :k], STEP, observe=observe)
         on = cont.positions
         rewards = pilot.join(rewards[:, :k], rewards[on][:, k:], on)
         lengths = pilot.join(lengths[:, :k], lengths[on][:, k:], on)

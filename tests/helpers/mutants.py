@@ -124,9 +124,9 @@ class ContinueProbsAfterTheDraw(DPPOEstimator):
 
 def pilot_left_out_of_the_advantages(monkeypatch) -> None:
     """The pilot's rewards left out of the group's advantages: the rest's advantages over the rest alone, the pilot's
-    completions at the rest's mean (A = 0). Installed over :func:`dppo_core.pilot.join` (rewards only; lengths are
+    completions at the rest's mean (A = 0). Installed over :func:`dppo_core.plans.pilot.join` (rewards only; lengths are
     integers and joined right)."""
-    from dppo_core import pilot
+    from dppo_core.plans import pilot
 
     right = pilot.join
 

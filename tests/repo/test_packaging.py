@@ -100,11 +100,11 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 #: a module's name under ``dppo_core`` (``engines`` and ``tools`` hold their submodules).
 LAYERS = [
     {"config", "config_checks", "config_files", "varlen", "distributed", "grading", "history", "grouplog",
-     "model_files", "numerics"},
+     "model_files", "numerics", "registry", "metrics"},
     {"grpo", "pruning", "posterior", "biased_baselines", "packing", "shared_prefix", "rewards", "tasks",
      "benchmark_data", "models", "warm_start", "shapes", "pretrained"},
     {"estimator", "engines", "rollout"},
-    {"trainer", "run", "data", "policy", "logprobs", "evaluate", "pilot"},
+    {"trainer", "run", "data", "policy", "logprobs", "evaluate", "plans"},
     {"integrations"},
     {"tools", "__main__"},  # __main__: `python -m dppo_core` is the dppo command
 ]
@@ -292,6 +292,32 @@ def _package_sources() -> list[Path]:
 def _library_files() -> list[Path]:
     pkg = ROOT / "dppo_core"
     return [p for p in _package_sources() if "tools" not in p.relative_to(pkg).parts]
+
+
+#: What a step is made of: a class that overrides one of these (or a private method) changes how a step selects,
+#: rolls out, scores or trains, which is a rollout plan's business (dppo_core.plans), not a trainer subclass's.
+STEP_METHODS = {"select_prompts", "generate", "rollout", "roll_out", "score", "weigh", "train_step", "update"}
+
+
+def test_no_class_in_the_package_subclasses_the_trainer_to_change_a_step():
+    """A selection rule that reads rewards is a plan in one file plus its registration (dppo_core.registry): no class
+    of the package subclasses ``DPPOTrainer`` and overrides a step's parts (the bench's trainer only times its
+    evaluations), and every plan the registry names is the class registered under that name."""
+    import ast
+
+    from dppo_core import registry
+    from dppo_core.plans import plan_class
+
+    found = []
+    for path in _package_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("DPPOTrainer") for b in node.bases):
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                bad = sorted(m for m in methods if m in STEP_METHODS or (m.startswith("_") and not m.startswith("__")))
+                if bad:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} overrides {bad}")
+    assert not found, found
+    assert {name: plan_class(name).name for name in registry.ROLLOUT_PLANS} == {n: n for n in registry.ROLLOUT_PLANS}
 
 
 def test_library_modules_and_functions_stay_small():

@@ -99,7 +99,7 @@ def test_prompt_longer_than_model_context(small_model_dir, tmp_path):
     trainer = _trainer(_config(small_model_dir, tmp_path), prompt_source=PromptSource([long_row]))
     with pytest.raises(ConfigError, match=r"prompt 'too-long' has \d+ tokens, more than the model's context .*"
                                           "shorten or drop it, or lower max_completion_length"):
-        trainer.rollout(0, [long_row])
+        trainer.generate(0, [long_row])
     with pytest.raises(ConfigError, match=r"max_completion_length=600: the model's context is \d+ tokens.*lower it"):
         _trainer(_config(small_model_dir, tmp_path, max_completion_length=600))
 

@@ -81,7 +81,7 @@ def test_smoke_bench_json_has_every_key_with_its_type(smoke):
         assert set(m["tokens"]) == {"generated", "trained", "decode_steps", "row_capacity", "update_real"}
         assert all(isinstance(v, int) for v in m["tokens"].values())
         # dynamic sampling trains only groups whose rewards differ: the untrained model's are all 0 (tested with
-        # signal in test_bench_baselines.py)
+        # signal in test_rollout_plans.py)
         untrained = name in ("dapo_sampling", "greso_sampling", "dapo_oversampled") and m["tokens"]["trained"] == 0
         assert m["tokens"]["generated"] > 0 and (untrained or 0 < m["tokens"]["trained"]), name
         assert m["tokens"]["trained"] <= m["tokens"]["update_real"] <= m["tokens"]["row_capacity"], name

@@ -358,7 +358,6 @@ REFUSED = {
     "bnpo": ({"loss_type": "bnpo"}, Estimator(), r"loss_type='bnpo'.*token count.*loss_type='dr_grpo'"),
     "batch-scaled": ({"scale_rewards": "batch"}, DPPOEstimator(prompt_prune_rate=0.5), r"scale_rewards='batch'"),
     "dense": ({}, DPPOEstimator(prompt_prune_rate=0.5, dense_prompts=True), r"dense_prompts"),
-    "pilot": ({}, DPPOEstimator(pilot_size=2), r"pilot_size"),  # TRL generates a group in one call: no pilot
 }
 
 

@@ -23,6 +23,7 @@ from dppo_core.distributed import DistInfo
 from dppo_core.estimator import full_selection, make_estimator
 from dppo_core.grpo import group_advantages, policy_loss, truncated_importance_weights
 from dppo_core.logprobs import Sequences, engine_weights
+from dppo_core.metrics import unknown_keys
 from dppo_core.rollout import Completion, HFRollout, RolloutBatch, RolloutGroup
 from dppo_core.trainer import DPPOTrainer, micro_batch_loss
 
@@ -181,6 +182,7 @@ def test_auto_is_off_on_the_transformers_engine_and_token_logs_weights_near_one(
     trainer, auto = _steps(_config(small_model_dir, tmp_path))
     assert trainer.rollout_correction_level() is None and "engine_weight_mean" not in auto[0]
     on_trainer, on = _steps(_config(small_model_dir, tmp_path, rollout_correction="token"))
+    assert unknown_keys([*auto, *on]) == []  # every key the step writes is in metrics.jsonl's schema
     for r in on:  # the engine is the model: weights within rounding of 1, none truncated
         assert r["engine_logprob_diff_max"] < 1e-4 and r["engine_weight_mean"] == pytest.approx(1, abs=1e-4)
         assert r["engine_weight_truncated"] == 0

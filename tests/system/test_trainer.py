@@ -10,6 +10,7 @@ from run_helpers import run_config as _config
 
 from dppo_core.config import ConfigError, DPPOConfig
 from dppo_core.logprobs import completion_logprobs_with_grad
+from dppo_core.metrics import unknown_keys
 from dppo_core.models import load_model
 from dppo_core.rollout import HFRollout, SamplingConfig
 from dppo_core.trainer import DPPOTrainer, learning_rate_at
@@ -342,7 +343,7 @@ def test_a_pilot_rolls_out_the_rest_of_the_continued_groups_and_resumes_exactly(
     full.train()
     rows = _lines(tmp_path / "a" / "metrics.jsonl")
     groups = _lines(tmp_path / "a" / "groups.jsonl")
-    assert len(rows) == len(groups) == 4
+    assert len(rows) == len(groups) == 4 and unknown_keys(rows) == []  # every key in metrics.jsonl's schema
     by_step = {g["step"]: g for g in groups}
     assert sorted(by_step) == [r["step"] for r in rows] == [1, 2, 3, 4]  # one group line per step, under its step
     for r in rows:
@@ -388,6 +389,7 @@ def test_a_step_whose_groups_all_stop_after_the_pilot_is_skipped_and_logged(smal
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     record = trainer.train_step()
     assert record["skipped"] == 1 and record["pilot_groups_stopped"] == record["prompts_rolled_out"] == 4
+    assert unknown_keys([record]) == []
     assert record["tokens_trained"] == 0 and record["tokens_generated"] == record["pilot_tokens"] > 0
     assert record["time_rollout"] > 0 and record["completions_rolled_out"] == 4
     assert trainer.last_groups["rewards"] == [] and len(trainer.last_groups["stopped"]["ids"]) == 4
@@ -407,7 +409,7 @@ def test_a_step_whose_prompts_are_all_pruned_is_skipped_and_counted(small_model_
     # 4 prompts each kept with probability 0.01: all pruned for this seed
     assert record["skipped"] == 1 and record["prompts_rolled_out"] == 0 and record["tokens_trained"] == 0
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    assert trainer.step == 1
+    assert trainer.step == 1 and unknown_keys([record]) == []
 
 
 def test_pruning_config_errors_say_how_to_fix(small_model_dir, tmp_path):

@@ -40,6 +40,11 @@ def test_bad_values_name_the_field_and_the_fix(field, value, fix):
     (dict(pilot_size=2, continue_scheme="history"), "continue_scheme", "constant, posterior"),
     (dict(pilot_size=2, loss_type="dapo"), "loss_type", "pilot_size: 0"),
     (dict(pilot_size=2, scale_rewards="batch"), "scale_rewards", "pilot_size: 0"),
+    # the rollout plans (dppo_core.registry): a pilot is the pilot plan, dynamic sampling keeps no weights 1/π
+    (dict(rollout_plan="refill"), "rollout_plan", "auto, plain, pilot, dynamic_sampling"),
+    (dict(rollout_plan="pilot"), "rollout_plan", "set pilot_size"),
+    (dict(pilot_size=2, rollout_plan="offline_filter"), "pilot_size", "rollout_plan: auto"),
+    (dict(rollout_plan="dynamic_sampling", prompt_prune_rate=0.5), "rollout_plan", "1/π"),
 ])
 def test_the_pilot_settings_that_would_bias_the_estimate_are_refused(overrides, field, fix):
     with pytest.raises(ConfigError) as err:

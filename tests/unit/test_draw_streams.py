@@ -24,9 +24,9 @@ STEPS = 12_000
 
 
 def _estimator(seed: int = 3) -> DPPOEstimator:
-    """DPPO with a pilot of one completion, Bernoulli draws, and its keep probabilities fixed at π, c and p (the
-    draws themselves are the estimator's own)."""
-    est = DPPOEstimator(prompt_prune_rate=0.5, completion_prune_rate=0.5, pilot_size=1, fixed_size_sampling=False,
+    """DPPO (whose continue draw a pilot of one completion asks), Bernoulli draws, and its keep probabilities fixed
+    at π, c and p (the draws themselves are the estimator's own)."""
+    est = DPPOEstimator(prompt_prune_rate=0.5, completion_prune_rate=0.5, fixed_size_sampling=False,
                         seed=seed)
     est.prompt_probs = lambda ids, step, budget=None: torch.full((len(ids),), PI, dtype=torch.float64)
     est.continue_probs = lambda ids, pilot, step: torch.full((len(ids),), C, dtype=torch.float64)

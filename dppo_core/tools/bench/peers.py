@@ -116,6 +116,12 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
     """
     import torch
 
+    from dppo_core import registry
+
+    plan = registry.ROLLOUT_PLANS[registry.plan_name(config.rollout_plan, config.pilot_size)]
+    if not plan.trl:  # TRL generates each group in one call of its own: no plan but the plain one runs there
+        raise BenchError(f"{method} runs TRL's own rollouts, which have no {plan.name} plan: set rollout_plan: auto "
+                         "and pilot_size: 0 for it")
     if TRL_PEERS[method].estimator:
         if config.packing:
             raise BenchError(f"{method} trains TRL's padded batches: set packing: false for it")

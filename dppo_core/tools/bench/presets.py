@@ -63,14 +63,14 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
                    "completion_prune_rate": 0.5, "completion_scheme": "proportional", "min_completion_keep_prob": 0.2,
                    "drop_zero_advantage": True, "fixed_size_sampling": True, "packing": True,
                    "max_tokens_per_row": 128},
-    # the baselines practitioners run instead (dppo_core.tools.bench.baselines): grpo_skip on a pool filtered
+    # the baselines practitioners run instead, each a rollout plan (dppo_core.plans): grpo_skip on a pool filtered
     # offline by one group per prompt of the initial model; grpo_skip with DAPO's dynamic sampling (a changed
     # objective: informative groups only); and that with GRESO's skip before each round, by GRESO's own adaptive rule
     # (skip probability 1 - max(p^z, 0.01) after z all-equal groups in a row, p adapted toward 25% zero-variance
     # groups: the authors' setting; the committed cpu-realistic comparison ran a constant skip of 0.8 instead)
-    "grpo_skip_filtered": {}, "dapo_sampling": {},
+    "grpo_skip_filtered": {"rollout_plan": "offline_filter"}, "dapo_sampling": {"rollout_plan": "dynamic_sampling"},
     "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.0, "greso_target_zero_variance": 0.25,
-                       "packing": True, "max_tokens_per_row": 128},
+                       "packing": True, "max_tokens_per_row": 128, "rollout_plan": "dynamic_sampling"},
     # dppo and dppo_budget with a pilot (DERIVED_METHODS): 2 of each group's 8 first, an all-equal pilot continued
     # with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran by the replay in
     # benchmarks/pilot_replay.py: the setting with the least variance factor among those that cut 25% of the tokens
@@ -79,7 +79,7 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # does (matched_prompts_per_step), so that a rollout budget's gain is not credited with a smaller batch's
     "grpo_skip_matched": {},
     # DAPO's dynamic sampling as its recipe runs it (a 3x generation batch per round, up to 10 rounds) on grpo_skip
-    "dapo_oversampled": {},
+    "dapo_oversampled": {"rollout_plan": "dapo_oversampled"},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
@@ -265,7 +265,7 @@ def persistence_preset(share: float) -> BenchPreset:
                    "max_steps": steps, "eval_steps": max(1, steps // 12)},
         method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
         runtime=f"about {round(26 + 42 * steps / 180)} minutes on 2 CPU cores with --methods grpo_skip "
-                "grpo_skip_matched dppo_budget, 5 seeds (measured 68 at 70% and 51 at 50%; the others scaled by steps)")
+                "grpo_skip_matched dppo_budget, 5 seeds (measured 51 at 50%, 68 at 70%, 97 at 85%; 30% scaled by steps)")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (

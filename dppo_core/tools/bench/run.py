@@ -39,14 +39,13 @@ from dppo_core.tools.bench.tables import fmt, format_duration
 
 
 def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
-             on_record: Callable[[dict[str, Any]], None] | None = None, method: str = "") -> None:
-    """One run of our trainer (grpo, dppo, cppo, greso, ...), with ``method``'s baseline mixins
-    (:func:`~dppo_core.tools.bench.baselines.trainer_mixins`); evaluations are timed into ``eval_s``."""
+             on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """One run of our trainer (grpo, dppo, cppo, greso, and the baselines that are rollout plans: dynamic sampling,
+    the offline filter); evaluations are the bench's, timed into ``eval_s``."""
     from dppo_core.rollout import HFRollout
-    from dppo_core.tools.bench.baselines import trainer_mixins
     from dppo_core.trainer import DPPOTrainer
 
-    class BenchTrainer(*trainer_mixins(method), DPPOTrainer):  # type: ignore[misc]
+    class BenchTrainer(DPPOTrainer):
         def evaluate(self) -> dict[str, Any]:
             t0 = time.perf_counter()
             engine = self.engine if self.engine is not None else HFRollout(self.model, self.tokenizer)
@@ -93,7 +92,7 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callab
     if method in TRL_PEERS:
         run_peer(method, config, preset, log, on_record)
     else:
-        run_ours(config, preset, log, on_record, method=method)
+        run_ours(config, preset, log, on_record)
     gc.collect()  # the run's models, optimizer and engine go before the next run starts
     info = {"method": method, "seed": config.seed, "elapsed_s": time.perf_counter() - t0, "machine": describe_machine()}
     for path in out.iterdir():

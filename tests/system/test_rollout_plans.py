@@ -1,6 +1,6 @@
-"""The baselines practitioners run instead of DPPO's prompt stage (dppo_core.tools.bench.baselines), on the small
-test model with a reward whose all-equal groups are known in advance: DAPO's dynamic sampling, it with GRESO's skip,
-and an offline filter of the pool."""
+"""The rollout plans that read rewards (dppo_core.plans), the baselines practitioners run instead of DPPO's prompt
+stage, on the small test model with a reward whose all-equal groups are known in advance: DAPO's dynamic sampling, it
+with GRESO's skip, and an offline filter of the pool. Each runs in the plain DPPOTrainer, chosen by rollout_plan."""
 
 from __future__ import annotations
 
@@ -12,17 +12,23 @@ import torch
 from mutants import LineMutant
 from run_helpers import run_config
 
+from dppo_core import registry
+from dppo_core.config import ConfigError
 from dppo_core.data import prompt_key
 from dppo_core.grouplog import read_groups
-from dppo_core.tools.bench.baselines import (
+from dppo_core.metrics import unknown_keys
+from dppo_core.plans import Plain, make_plan
+from dppo_core.plans.dynamic_sampling import (
     DAPO_MAX_ROUNDS,
     MAX_ROUNDS,
     OVERSAMPLE,
     DynamicSampling,
-    OfflineFilter,
     OversampledDynamicSampling,
-    trainer_mixins,
 )
+from dppo_core.plans.offline_filter import OfflineFilter
+from dppo_core.plans.pilot import Pilot
+from dppo_core.tools.bench.presets import BENCH_PRESETS, method_config
+from dppo_core.trainer import DPPOTrainer
 
 
 def constant(row_id: str) -> bool:
@@ -42,7 +48,12 @@ def always_one(prompts, completions, **columns):
 def _config(model_dir, out, **kw):
     return run_config(model_dir, out, **(dict(max_completion_length=10, save_steps=0, eval_steps=0,
                                               eval_problems_per_level=2, train_pool_size=16, beta=0.0,
-                                              pruning="dppo", drop_zero_advantage=True) | kw))
+                                              pruning="dppo", drop_zero_advantage=True,
+                                              rollout_plan="dynamic_sampling") | kw))
+
+
+def _filter(model_dir, out, **kw):
+    return _config(model_dir, out, rollout_plan="offline_filter", **kw)
 
 
 def _lines(path):
@@ -53,7 +64,7 @@ def _all_equal(row) -> bool:
     return len(set(row)) == 1
 
 
-class SpyDynamicSampling(DynamicSampling):
+class SpyTrainer(DPPOTrainer):
     """Records the rewards of the groups each step trains on."""
 
     def weigh(self, selection, rewards, lengths, step, **kwargs):
@@ -62,12 +73,13 @@ class SpyDynamicSampling(DynamicSampling):
 
 
 def test_dynamic_sampling_trains_only_mixed_groups_and_logs_every_group_it_rolled_out(small_model_dir, tmp_path):
-    trainer = SpyDynamicSampling(_config(small_model_dir, tmp_path, max_steps=3), reward_funcs=[constant_for_half],
-                                 progress=False)
+    trainer = SpyTrainer(_config(small_model_dir, tmp_path, max_steps=3), reward_funcs=[constant_for_half],
+                         progress=False)
+    assert isinstance(trainer.plan, DynamicSampling)
     trainer.train()
     steps = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
     groups = read_groups(tmp_path)
-    assert len(steps) == len(groups) == 3
+    assert len(steps) == len(groups) == 3 and unknown_keys(steps) == []
     for m, g, trained in zip(steps, groups, trainer.trained, strict=True):
         mixed = sum(not _all_equal(r) for r in g["rewards"])
         assert len(g["ids"]) == m["prompts_rolled_out"] == m["completions_rolled_out"] // 4
@@ -104,8 +116,8 @@ def test_dynamic_sampling_scores_each_completion_once_and_logs_each_functions_me
     """The step trains on groups its rounds scored: the reward functions are not called on them again, the rewards
     are those of the rounds, and ``reward_<name>`` is each function's mean over the trained groups."""
     SCORED.clear()
-    trainer = SpyDynamicSampling(_config(small_model_dir, tmp_path, max_steps=2), reward_funcs=[counted_half, quarter],
-                                 progress=False)
+    trainer = SpyTrainer(_config(small_model_dir, tmp_path, max_steps=2), reward_funcs=[counted_half, quarter],
+                         progress=False)
     trainer.train()
     steps = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
     assert sum(SCORED) == sum(m["completions_rolled_out"] for m in steps)  # once each, in its round
@@ -116,12 +128,13 @@ def test_dynamic_sampling_scores_each_completion_once_and_logs_each_functions_me
 
 
 def test_dynamic_sampling_without_signal_stops_after_its_rounds_and_trains_nothing(small_model_dir, tmp_path):
-    trainer = DynamicSampling(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
-                              progress=False)
+    trainer = DPPOTrainer(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
+                          progress=False)
     trainer.train()
     (m,) = [m for m in _lines(tmp_path / "metrics.jsonl") if "step_time" in m]
     (g,) = read_groups(tmp_path)
     # not a skipped step (those roll nothing out): it paid for its rollouts and trained nothing
+    assert unknown_keys([m]) == []
     assert "skipped" not in m and m["ds_no_signal"] == 1 and m["ds_rounds"] == MAX_ROUNDS and m["tokens_trained"] == 0
     assert m["time_rollout"] > 0 and m["time_update"] == 0.0
     assert m["ds_dropped_groups"] == len(g["ids"]) == m["prompts_rolled_out"] > 4
@@ -131,7 +144,7 @@ def test_dynamic_sampling_without_signal_stops_after_its_rounds_and_trains_nothi
 def test_greso_sampling_skips_prompts_last_seen_all_equal_before_each_round(small_model_dir, tmp_path):
     config = _config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.9, train_pool_size=8,
                      drop_zero_advantage=True)
-    trainer = DynamicSampling(config, reward_funcs=[always_one], progress=False)
+    trainer = DPPOTrainer(config, reward_funcs=[always_one], progress=False)
     trainer.train()
     first, second = read_groups(tmp_path)
     # every group comes out all equal and goes into the history at once, so later rounds and steps skip 90% of
@@ -143,34 +156,33 @@ def test_greso_sampling_skips_prompts_last_seen_all_equal_before_each_round(smal
 def test_greso_sampling_draws_its_skips_afresh_in_each_round(small_model_dir, tmp_path):
     """Each round of a step draws its own skips (a shared draw would skip the same positions in every round)."""
     config = _config(small_model_dir, tmp_path, pruning="greso", prompt_prune_rate=0.5, train_pool_size=8)
-    trainer = DynamicSampling(config, reward_funcs=[always_one], progress=False)
+    trainer = DPPOTrainer(config, reward_funcs=[always_one], progress=False)
     window = list(trainer.prompts.rows)
     trainer.estimator.observe([prompt_key(r) for r in window], torch.ones(len(window), 4), torch.zeros(len(window), 4),
                               0)  # every prompt last seen all-equal: each kept with probability 0.5
-    rounds = [tuple(trainer._round_keep(window, 1, r)) for r in range(MAX_ROUNDS)]
+    rounds = [tuple(trainer.plan.round_keep(trainer, window, 1, r)) for r in range(MAX_ROUNDS)]
     assert len(set(rounds)) > 1 and rounds[0] == tuple(trainer.estimator.select([prompt_key(r) for r in window],
                                                                                 1).indices)
 
 
 def test_dynamic_sampling_refuses_weighted_prompt_pruning(small_model_dir, tmp_path):
-    trainer = DynamicSampling(_config(small_model_dir, tmp_path, prompt_prune_rate=0.5), reward_funcs=[always_one],
-                              progress=False)
-    with pytest.raises(ValueError, match="1/π"):
-        trainer.select_prompts(0)
+    with pytest.raises(ConfigError, match=r"rollout_plan='dynamic_sampling'.*1/π"):
+        _config(small_model_dir, tmp_path, prompt_prune_rate=0.5).validate()
 
 
 def test_the_offline_filter_refuses_to_resume(small_model_dir, tmp_path):
-    trainer = OfflineFilter(_config(small_model_dir, tmp_path), reward_funcs=[always_one], progress=False)
+    trainer = DPPOTrainer(_filter(small_model_dir, tmp_path), reward_funcs=[always_one], progress=False)
     trainer.step = 1
     with pytest.raises(RuntimeError, match="cannot resume"):
         trainer.train_step()
 
 
 def test_the_offline_filter_drops_the_pools_all_equal_prompts_and_counts_its_cost(small_model_dir, tmp_path):
-    trainer = OfflineFilter(_config(small_model_dir, tmp_path), reward_funcs=[constant_for_half], progress=False)
+    trainer = DPPOTrainer(_filter(small_model_dir, tmp_path), reward_funcs=[constant_for_half], progress=False)
     pool = list(trainer.prompts.rows)
     trainer.train()
     lines = _lines(tmp_path / "metrics.jsonl")
+    assert unknown_keys(lines) == []  # the filter's line against its own schema, the steps' against theirs
     head = lines[0]
     assert head["event"] == "prefilter" and "step_time" not in head and head["time_prefilter"] > 0
     assert head["pool"] == len(pool) == 16 and head["kept"] + head["dropped"] == 16
@@ -184,8 +196,8 @@ def test_the_offline_filter_drops_the_pools_all_equal_prompts_and_counts_its_cos
 
 
 def test_the_filter_that_leaves_nothing_keeps_the_pool_and_says_so(small_model_dir, tmp_path):
-    trainer = OfflineFilter(_config(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
-                            progress=False)
+    trainer = DPPOTrainer(_filter(small_model_dir, tmp_path, max_steps=1), reward_funcs=[always_one],
+                          progress=False)
     pool = [prompt_key(r) for r in trainer.prompts.rows]
     trainer.train()
     head = _lines(tmp_path / "metrics.jsonl")[0]
@@ -193,13 +205,21 @@ def test_the_filter_that_leaves_nothing_keeps_the_pool_and_says_so(small_model_d
     assert [prompt_key(r) for r in trainer.prompts.rows] == pool
 
 
-def test_each_baseline_method_gets_its_mixin():
-    assert trainer_mixins("grpo_skip_filtered") == (OfflineFilter,)
-    assert trainer_mixins("dapo_sampling") == trainer_mixins("greso_sampling") == (DynamicSampling,)
-    assert trainer_mixins("dppo") == ()
+def test_each_bench_method_runs_its_plan_in_the_plain_trainer(tmp_path):
+    preset = BENCH_PRESETS["cpu-realistic"]
+    plans = {m: type(make_plan(method_config(preset, m, 1, tmp_path)))
+             for m in ("grpo_skip_filtered", "dapo_sampling", "greso_sampling", "dapo_oversampled", "dppo",
+                       "dppo_budget_pilot")}
+    assert plans == {"grpo_skip_filtered": OfflineFilter, "dapo_sampling": DynamicSampling,
+                     "greso_sampling": DynamicSampling, "dapo_oversampled": OversampledDynamicSampling,
+                     "dppo": Plain, "dppo_budget_pilot": Pilot}
+    # every plan the registry declares is the class it names, under that name
+    for name in registry.ROLLOUT_PLANS:
+        config = method_config(preset, "dppo_pilot" if name == "pilot" else "grpo_skip", 1, tmp_path)
+        assert make_plan(config.with_overrides({"rollout_plan": name})).name == name
 
 
-class EngineSpy(DynamicSampling):
+class EngineSpy(DPPOTrainer):
     """Records each training step's engine calls: the step, the call's random seed and its longest completion."""
 
     def train_step(self):
@@ -248,16 +268,17 @@ def test_each_round_of_each_seed_samples_from_a_stream_of_its_own_and_counts_its
     _check_rounds(small_model_dir, tmp_path)
 
 
-_BASELINES = "dppo_core.tools.bench.baselines"
-#: each a line of DynamicSampling.select_prompts made wrong, which the check above must catch
+_PLAN = "dppo_core.plans.dynamic_sampling"
+#: each a line of DynamicSampling.roll_out made wrong, which the check above must catch
 ROUND_MUTANTS = [
-    LineMutant("rounds_share_the_steps_stream", _BASELINES, "select_prompts", "call=rounds - 1)", "call=0)",
+    LineMutant("rounds_share_the_steps_stream", _PLAN, "roll_out", "call=rounds - 1)", "call=0)",
                "Every refill round samples from the step's first stream.", owner="DynamicSampling"),
-    LineMutant("refill_seed_from_the_next_seed", _BASELINES, "select_prompts",
-               "super().rollout(step, rows, call=rounds - 1)", "super().rollout(step + 1_000_003 * (rounds - 1), rows)",
+    LineMutant("refill_seed_from_the_next_seed", _PLAN, "roll_out",
+               "trainer.generate(step, rows, call=rounds - 1)",
+               "trainer.generate(step + 1_000_003 * (rounds - 1), rows)",
                "The first version's refill seed: round r of seed s is round 1 of seed s + r - 1.",
                owner="DynamicSampling"),
-    LineMutant("decode_steps_of_the_last_call", _BASELINES, "select_prompts",
+    LineMutant("decode_steps_of_the_last_call", _PLAN, "roll_out",
                "decode += int(logged[\"lengths\"][-1].max())", "decode = int(logged[\"lengths\"][-1].max())",
                "decode_steps counts one engine call (the last), not every round's.", owner="DynamicSampling"),
 ]
@@ -273,15 +294,15 @@ def test_round_mutants_are_caught(small_model_dir, tmp_path, monkeypatch, mutant
 def test_dapo_oversampled_rolls_out_three_times_the_batch_in_each_round(small_model_dir, tmp_path):
     """DAPO's recipe: every round one call of 3 x prompts_per_step candidates, up to 10 rounds; a step still short
     trains what it has and says so (the recipe raises)."""
-    trainer = OversampledDynamicSampling(_config(small_model_dir, tmp_path / "none", max_steps=1),
-                                         reward_funcs=[always_one], progress=False)
+    trainer = DPPOTrainer(_config(small_model_dir, tmp_path / "none", max_steps=1, rollout_plan="dapo_oversampled"),
+                          reward_funcs=[always_one], progress=False)
     trainer.train()
     (m,) = [m for m in _lines(tmp_path / "none" / "metrics.jsonl") if "step_time" in m]
     k = trainer.config.prompts_per_step
     assert m["ds_rounds"] == DAPO_MAX_ROUNDS == 10 and m["prompts_rolled_out"] == OVERSAMPLE * k * 10
     assert m["ds_short"] == 1 and m["tokens_trained"] == 0
-    trainer = OversampledDynamicSampling(_config(small_model_dir, tmp_path / "half", max_steps=2),
-                                         reward_funcs=[constant_for_half], progress=False)
+    trainer = DPPOTrainer(_config(small_model_dir, tmp_path / "half", max_steps=2, rollout_plan="dapo_oversampled"),
+                          reward_funcs=[constant_for_half], progress=False)
     trainer.train()
     for m, g in zip([m for m in _lines(tmp_path / "half" / "metrics.jsonl") if "step_time" in m],
                     read_groups(tmp_path / "half"), strict=True):
@@ -289,7 +310,3 @@ def test_dapo_oversampled_rolls_out_three_times_the_batch_in_each_round(small_mo
         mixed = sum(not _all_equal(r) for r in g["rewards"])
         assert m["ds_short"] == int(mixed < k) and (mixed >= k or m["ds_rounds"] == 10)
 
-
-def test_the_dapo_methods_get_their_mixins():
-    assert trainer_mixins("dapo_oversampled") == (OversampledDynamicSampling,)
-    assert trainer_mixins("dapo_sampling") == (DynamicSampling,)

@@ -1,0 +1,39 @@
+"""dppo_core.registry: every named choice said once, and what reads it (the config's checks, the trainer's engine
+correction, the bench's TRL peers)."""
+
+import pytest
+
+from dppo_core import registry
+from dppo_core.config import COMPLETION_SCHEMES, PROMPT_SCHEMES, ROLLOUT_ENGINES, DPPOConfig
+from dppo_core.config_checks import POSTERIOR_PROMPT_SCHEMES
+from dppo_core.tools.bench.peers import trl_grpo_args
+from dppo_core.tools.bench.presets import BenchError
+
+
+def test_the_configs_choices_are_the_registrys():
+    assert PROMPT_SCHEMES == tuple(registry.PROMPT_SCHEMES)
+    assert PROMPT_SCHEMES == ("paper", "proportional", "posterior", "fitted", "streak")
+    assert POSTERIOR_PROMPT_SCHEMES == ("posterior", "fitted", "streak")  # the schemes that read pass counts
+    assert COMPLETION_SCHEMES == tuple(registry.COMPLETION_SCHEMES)
+    assert ROLLOUT_ENGINES == tuple(registry.ROLLOUT_ENGINES)
+    # posterior's score is √P(informative), fitted's and streak's P itself; only streak is recalibrated
+    assert {n: (c.prior, c.power, c.calibrated) for n, c in registry.PROMPT_SCHEMES.items() if c.prior} == {
+        "posterior": ("uniform", 0.5, False), "fitted": ("fitted", 1.0, False), "streak": ("fitted", 1.0, True)}
+
+
+def test_the_engine_that_samples_from_the_policy_and_the_plan_a_config_runs():
+    assert registry.samples_from_policy("hf") and not registry.samples_from_policy("vllm")
+    assert not registry.samples_from_policy("recording")  # an engine the table does not name: corrected
+    assert registry.plan_name("auto", 0) == "plain" and registry.plan_name("auto", 2) == "pilot"
+    assert registry.plan_name("dynamic_sampling", 0) == "dynamic_sampling"
+    # TRL and verl generate each group in one call of their own: only the plain plan runs there
+    assert [n for n, c in registry.ROLLOUT_PLANS.items() if c.trl or c.verl] == ["plain"]
+    assert [n for n, c in registry.ROLLOUT_PLANS.items() if not c.exact] == [
+        "dynamic_sampling", "dapo_oversampled", "offline_filter"]
+
+
+@pytest.mark.parametrize("overrides", [{"pilot_size": 2, "pruning": "dppo"}, {"rollout_plan": "dynamic_sampling"}])
+def test_the_trl_peer_refuses_a_plan_trl_cannot_run(tmp_path, overrides):
+    config = DPPOConfig(**overrides)
+    with pytest.raises(BenchError, match="rollout_plan: auto"):
+        trl_grpo_args(config, tmp_path, "trl_dppo")
