@@ -10,7 +10,8 @@ feedback is exactly the solution's assertions:
 
 - ``✓`` when they all hold;
 - ``…`` "not done yet" while a piece still raises ``NotImplementedError`` (the stub as the chapter ships it);
-- ``✗`` with the failing assert's line, or the error the student's code raised, otherwise.
+- ``✗`` with the failing assert's line, or the error the student's code raised, otherwise, then a ``hint:``
+  line: the solutions file's one sentence on that exercise (its ``HINTS``), the mistake to look for first.
 
 :func:`check` never raises on a wrong answer (a notebook run top to bottom goes on); it returns whether the
 exercise passed (a :class:`Verdict`, which a notebook does not echo). The solutions file is read from the
@@ -154,8 +155,10 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
     whose default is code (a function or a class) must be passed: left out, the solution's own would stand in for
     it and pass. A missing one, or a name the exercise does not take, is a mistake in the call and raises
     ``TypeError`` naming them. Prints one verdict line (after whatever the exercise prints) and returns a
-    :class:`Verdict`, true when every assert held. A wrong answer never raises; a solutions file the installed
-    package does not have does.
+    :class:`Verdict`, true when every assert held. A failed verdict (an assert of the solutions file, or an error
+    the student's code raised) is followed by ``    hint: ...``, the exercise's entry in the solutions file's
+    ``HINTS`` (none while a piece is not done yet, nor where the file has no entry). A wrong answer never raises;
+    a solutions file the installed package does not have does.
     """
     module = load_solutions(stem)
     name = f"exercise_{exercise}"
@@ -182,7 +185,8 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
         if isinstance(err, NotImplementedError) and stub is not None:
             print(f"… {label}: not done yet (`{stub}` raises NotImplementedError): write it in this cell "
                   f"and run it again")
-        elif isinstance(err, AssertionError) and innermost is not None and innermost.co_filename == module.__file__:
+            return Verdict(False)
+        if isinstance(err, AssertionError) and innermost is not None and innermost.co_filename == module.__file__:
             where = _where(err.__traceback__, module.__file__)
             line = f" (line {where[1]} of solutions/{stem}.py):\n    {where[2]}" if where else ""
             detail = f"\n    {err}" if str(err) else ""
@@ -191,6 +195,9 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
             frame = _user_frame(traceback.extract_tb(err.__traceback__), module.__file__)
             at = f" at line {frame.lineno} of {frame.name}()" if frame else ""
             print(f"✗ {label}: the code raised {type(err).__name__}{at}: {err}")
+        hint = (getattr(module, "HINTS", None) or {}).get(exercise)
+        if hint:
+            print(f"    hint: {hint}")
         return Verdict(False)
     print(f"✓ {label}: every check of solutions/{stem}.py passed")
     return Verdict(True)

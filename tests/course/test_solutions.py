@@ -1,12 +1,14 @@
 """The chapters' exercise solutions (dppo_core/assets/course/solutions/chNN_*.py) run and pass their own checks.
 
 Each solution file is plain Python: one function per exercise, with asserts that compare the answer to the
-package (or to an exact computation), and a ``main()`` that runs them all. Here each file is one test; models
-are the small ones the files build into ``$DPPO_CACHE_DIR`` (seconds), never the 5-minute warm start.
+package (or to an exact computation), a ``HINTS`` sentence per exercise that ``check()`` prints under a failed
+verdict, and a ``main()`` that runs them all. Here each file is one test; models are the small ones the files
+build into ``$DPPO_CACHE_DIR`` (seconds), never the 5-minute warm start.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import re
@@ -14,6 +16,8 @@ import runpy
 from pathlib import Path
 
 import pytest
+
+from dppo_core.tools.course import check, load_solutions
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -86,3 +90,58 @@ def test_every_chapter_has_exercises_with_solutions_and_checks(notebook):
         shown = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
         assert f"exercise {n}: not done yet" in shown, \
             f"{notebook.name}, exercise {n}: the stored output should be the stub's 'not done yet'"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_exercise_has_one_hint(solution):
+    """Right after the imports, ``HINTS`` holds one sentence per ``exercise_N`` of the file (what ``check()`` prints
+    under a failed verdict) and none for an exercise the file does not have. Read from the source, not run."""
+    body = ast.parse(solution.read_text(encoding="utf-8")).body
+    exercises = sorted(int(node.name.removeprefix("exercise_")) for node in body
+                       if isinstance(node, ast.FunctionDef) and re.fullmatch(r"exercise_\d+", node.name))
+    found = [k for k, node in enumerate(body) if isinstance(node, (ast.Assign, ast.AnnAssign))
+             and any(isinstance(t, ast.Name) and t.id == "HINTS"
+                     for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    assert len(found) == 1, f"{solution.name}: one module-level HINTS = {{N: '...'}}, an entry per exercise_N"
+    imports = [k for k, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert found[0] == imports[-1] + 1, f"{solution.name}: HINTS comes right after the imports"
+    hints = ast.literal_eval(body[found[0]].value)
+    assert sorted(hints) == exercises, f"{solution.name}: HINTS has {sorted(hints)}, the exercises are {exercises}"
+    for n, hint in hints.items():
+        where = f"{solution.name}, HINTS[{n}]: {hint!r}"
+        assert isinstance(hint, str) and hint.isascii() and "\n" not in hint and len(hint) <= 160, where
+        assert hint.endswith(".") and ". " not in hint, f"{where}: one sentence, printed on one line"
+
+
+def test_a_failed_check_prints_the_exercises_hint(capsys):
+    """After the verdict of a failed assert of the solutions file, and of an error in the student's code, the
+    exercise's own hint."""
+    hints = load_solutions("ch03_grpo").HINTS
+
+    def my_k3(logp, ref_logp):                     # forgot the "- d" term: an assert of the solutions file fails
+        return (ref_logp - logp).exp() - 1
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    out = capsys.readouterr().out
+    assert "✗ exercise 1: a check failed (line" in out and out.endswith(f"\n    hint: {hints[1]}\n"), out
+    assert out.count("hint:") == 1
+
+    def my_advantages(rewards, scale):
+        return rewards.mean(dim=2)                 # no dimension 2: the student's code raises
+
+    assert not check("ch03_grpo", 2, my_advantages=my_advantages)
+    out = capsys.readouterr().out
+    assert "✗ exercise 2: the code raised IndexError" in out and out.endswith(f"\n    hint: {hints[2]}\n"), out
+
+
+def test_a_stub_not_done_yet_prints_no_hint(capsys):
+    """While a piece still raises NotImplementedError there is nothing to correct yet (and a chapter's stored
+    outputs stay the one "not done yet" line); a pass prints none either."""
+    def my_k3(logp, ref_logp):
+        raise NotImplementedError  # your code here
+
+    assert not check("ch03_grpo", 1, my_k3=my_k3)
+    out = capsys.readouterr().out
+    assert "… exercise 1: not done yet" in out and "hint:" not in out
+    assert check("ch03_grpo", 1, my_k3=load_solutions("ch03_grpo").my_k3)
+    assert "hint:" not in capsys.readouterr().out

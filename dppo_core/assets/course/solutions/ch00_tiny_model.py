@@ -16,6 +16,16 @@ from dppo_core.models import SPECIAL_TOKENS, TinyModelConfig, build_tiny_model, 
 from dppo_core.rollout import Completion, RolloutBatch, RolloutGroup
 from dppo_core.tasks import ArithmeticTask
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Keep only the ByteLevel pre-tokenizer (add_prefix_space=False) and build_tokenizer's special tokens: a "
+        "Digits step left in still splits every digit."),
+    2: ("Give k_proj and v_proj kv_heads heads, use head_dim rather than hidden / heads, count the q/k norms, and "
+        "count the output head only when untied."),
+    3: ("Divide by n (n - 1), not by n, in the standard error; in problems_for stay in Fractions and mind "
+        "the strict < when the bound is a whole number."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: a tokenizer without the digit pre-tokenizer
 # --------------------------------------------------------------------------------------------------

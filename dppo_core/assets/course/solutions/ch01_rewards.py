@@ -15,6 +15,16 @@ from dppo_core.evaluate import pass_at_k
 from dppo_core.grading import REL_TOL, numbers_equal, parse_number
 from dppo_core.rewards import format_reward
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Keep the mantissa and the power of ten exact with Fraction(10) ** k: a float anywhere on the way, like "
+        "float('1.2e-8'), makes the value inexact."),
+    2: ("pass@k is one minus the chance that all k draws without replacement miss: count with math.comb(n - c, k) "
+        "over math.comb(n, k), not (1 - c/n) ** k."),
+    3: ("Count braces to find where the box closes (nested \\frac{}{} included), score a conversation by its last "
+        "message, and allow 40 characters after the box."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: scientific notation in the numeric fast path
 # --------------------------------------------------------------------------------------------------

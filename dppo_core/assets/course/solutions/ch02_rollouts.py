@@ -13,6 +13,16 @@ from dppo_core.models import TinyModelConfig, build_tiny_model, encode_prompt, l
 from dppo_core.rollout import HFRollout, SamplingConfig, logprob_mismatch, truncated_importance_weights
 from dppo_core.tasks import ArithmeticTask
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Draw as sample_from_scratch does (same generator calls, finished rows kept at eos) and skip the forward "
+        "pass after the last token: P + L - 1 positions."),
+    2: ("Exponentiate the difference of the two log-probs, clamp it from above only, and detach the inputs so that "
+        "the weights carry no gradient."),
+    3: ("Divide the logits by the temperature before log_softmax, and shift by one: the logits at position t score "
+        "the token at t + 1."),
+}
+
 # The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
 SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=32)

@@ -14,6 +14,16 @@ import torch
 
 from dppo_core.grpo import group_advantages, kl_k3, policy_loss
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Take d = ref_logp - logp (in that order) and keep the - d term: e^d - d - 1 is never negative, "
+        "while e^d - 1 alone can be."),
+    2: ("Work along each group (dim=1, keepdim=True) with the population std (unbiased=False) plus 1e-4; with "
+        "scale='none' only subtract the mean."),
+    3: ("A pattern's probability multiplies p[i] for each kept item and 1 - p[i] for each dropped one; sum it times "
+        "value_of_draw over all 2^N tuples of bools."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: the k3 estimator of KL(pi || ref)
 # --------------------------------------------------------------------------------------------------

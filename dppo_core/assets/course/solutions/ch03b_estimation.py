@@ -20,6 +20,18 @@ import torch
 
 from dppo_core.grpo import policy_loss
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Leave r_i out of its own baseline: subtract the mean of the other G - 1 rewards of its group, not the group "
+        "mean that includes it."),
+    2: ("Weight each kept y by 1 / (pi_q p_qi); in the variance the prompt coin acts on the squared group total Y_q, "
+        "and the completion term is divided by pi_q."),
+    3: ("Clip the ratio, not the product, into [1 - eps_low, 1 + eps_high] and take the minimum with the unclipped "
+        "ratio * adv: for A < 0 it clips the low side."),
+    4: ("Shrink the parameters by (1 - lr * weight_decay) outside the moments, update m and v with the gradient "
+        "alone, and bias-correct both with t from 1."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: the leave-one-out (RLOO) baseline
 # --------------------------------------------------------------------------------------------------

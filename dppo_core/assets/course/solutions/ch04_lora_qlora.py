@@ -16,6 +16,16 @@ from torch import nn
 from dppo_core.models import TinyModelConfig, build_tiny_model, load_model
 from dppo_core.rollout import sequence_logprobs
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Both gradients carry the scale and sum over the batch: dL/dB is (d_out, r) from g and A x, "
+        "dL/dA is (r, d_in) from B^T g and x, so check the shapes."),
+    2: ("Count the parameters as in chapter 00's exercise 2; in lora and qlora4 only the adapter pays for gradients "
+        "and Adam, and NF4 is for linear layers only."),
+    3: ("Add scale times B @ A (in that order, so that it has the shape of W) to W: without the alpha / r scale the "
+        "merged model's log-probs move."),
+}
+
 # The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
 SMALL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=32)

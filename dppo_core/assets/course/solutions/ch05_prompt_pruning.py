@@ -17,6 +17,18 @@ from dppo_core.grpo import group_advantages
 from dppo_core.posterior import beta_binomial_pmf, posterior_scores
 from dppo_core.pruning import PromptHistory, greso_keep_probs, prompt_keep_probs, sample_keep
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Unseen prompts are always kept; re-read section 4 for which seen prompts each scheme lowers (in the "
+        "proportional one, score-0 prompts stay at the floor)."),
+    2: ("A record is stale only when step - record.step exceeds max_age (equal is still fresh); build a new "
+        "PromptHistory rather than editing the old one."),
+    3: ("The repaired estimate weights each kept x by 1 / pi and divides by the number of candidates, a constant, "
+        "never by the number kept."),
+    4: ("P(informative) is one minus the pmf's mass at 0 and at g passes; fit on the summed log-likelihood of all "
+        "the counts, over a grid that reaches below 1."),
+}
+
 G = 8
 
 

@@ -12,6 +12,18 @@ import torch
 from dppo_core.grpo import group_advantages
 from dppo_core.pruning import completion_keep_probs, importance_weights, keep_probs_from_scores, sample_keep
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Call sample_keep once per draw with the generator passed in, weight by importance_weights (0 where not "
+        "kept), and count the kept completions per group."),
+    2: ("Sum only over the completions with s != 0 (their p may be 0) and divide by the absolute value of the full "
+        "sum of s, not by the number of completions."),
+    3: ("Divide kept by the number of completions with A != 0, not by all P * G of them, and leave p at exactly 0 "
+        "where A == 0."),
+    4: ("Fit each group on its own: score by |s| / sqrt(length), and pass zero=(A == 0) and costs=lengths to "
+        "keep_probs_from_scores so the budget counts tokens."),
+}
+
 P, G = 16, 8
 
 

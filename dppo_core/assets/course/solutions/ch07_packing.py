@@ -14,6 +14,18 @@ import torch
 
 from dppo_core.packing import PackSequence, block_causal_mask, pack, pack_micro_batches, plan_rows
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Close a row only when the next sequence does not fit in what is left (filling the budget exactly is fine), "
+        "and never go back to an earlier row."),
+    2: ("Sort stably on the negated length so that ties keep their input order, and return indices into the original "
+        "list, not positions in the sorted one."),
+    3: ("Cut the rows in order into chunks of k (the last one may be shorter) and pay for each chunk its number of "
+        "rows times its own longest row."),
+    4: ("Number the segments by a cumulative sum of (position_ids == 0) along each row, combine same-segment with a "
+        "causal tril, and return (R, 1, T, T)."),
+}
+
 
 def synthetic_sequences(n: int = 96, seed: int = 0) -> list[PackSequence]:
     """Prompts of 25-28 tokens, completions of 6-63 (mostly short), like the chapter's kept batch."""

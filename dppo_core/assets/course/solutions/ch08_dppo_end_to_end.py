@@ -13,6 +13,16 @@ import random
 from dppo_core.packing import PackSequence, pack, pad, plan_rows
 from dppo_core.tools.bench import compare, time_to_target, token_cost_bound
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Interpolate from the last evaluation below the target, skip accuracies that are None, and return None, not "
+        "the last time, if none reaches it."),
+    2: ("The bound is GRPO's time over the method's: the 1 - u that pruning does not touch stays, and only the "
+        "update's share u shrinks, by the factor k."),
+    3: ("Padded pays, per chunk of 64 sequences in order, its size times its longest sequence; packed pays the rows "
+        "times the longest row, not the budget."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: time to target, between the evaluations
 # --------------------------------------------------------------------------------------------------

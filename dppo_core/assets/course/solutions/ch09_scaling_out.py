@@ -14,6 +14,16 @@ import torch
 from dppo_core import pruning
 from dppo_core.distributed import DistInfo, shard
 
+# What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
+HINTS: dict[int, str] = {
+    1: ("Multiply before dividing, n * rank // world_size, so that the shares are contiguous in rank order and the "
+        "extra prompts go to the later ranks."),
+    2: ("DDP averages over the ranks: divide by the global num_total, not by the share's own size (no mean), and "
+        "scale up by the number of ranks."),
+    3: ("Each rank draws the whole (P, G) matrix with step_generator(seed + rank, step, 'completions') and keeps "
+        "only its shard's rows, joined in rank order."),
+}
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: who rolls out what
 # --------------------------------------------------------------------------------------------------
