@@ -125,6 +125,9 @@ class Estimator:
     seed: int = 0  # the pruning draws of step s are a function of (seed, s) only: resumable
     history_max_age: int | None = None  # forget a prompt's history after this many steps (then: unseen)
     history: PromptHistory = field(default_factory=PromptHistory)
+    #: the rollout plan of the config this estimator was built from (dppo_core.registry.ROLLOUT_PLANS): the TRL and
+    #: verl adapters, whose rollouts are their own, refuse one they cannot run (a pilot, dynamic sampling)
+    rollout_plan: str = field(default="plain", init=False)
 
     @property
     def needs_lengths(self) -> bool:
@@ -136,7 +139,9 @@ class Estimator:
         """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names): each of this
         estimator's settings is the config field of the same name (``group_size`` is ``num_generations``)."""
         settings = [f.name for f in fields(cls) if f.init and f.name != "history"]
-        return cls(**{name: getattr(config, CONFIG_NAMES.get(name, name)) for name in settings})
+        est = cls(**{name: getattr(config, CONFIG_NAMES.get(name, name)) for name in settings})
+        est.rollout_plan = registry.plan_name(getattr(config, "rollout_plan", "auto"), getattr(config, "pilot_size", 0))
+        return est
 
     # --- before rollout ---------------------------------------------------------------------------
     def num_candidates(self, size: int) -> int:

@@ -59,7 +59,7 @@ PROMPT_SCHEMES: dict[str, Choice] = _table([
     Choice("fitted", "P(informative) under a Beta-binomial posterior with a prior fitted to the pool",
            reads=("history", "pass_counts"), prior="fitted", power=1.0),
     Choice("streak", "P(informative) under a Beta-binomial posterior with a prior fitted to the pool, recalibrated "
-           "after a run of all-equal groups by the run's own earlier groups", reads=("history", "pass_counts"),
+           "after a run of all-equal groups by the earlier groups' own counts", reads=("history", "pass_counts"),
            prior="fitted", power=1.0, calibrated=True),
 ])
 
@@ -112,5 +112,5 @@ def samples_from_policy(engine_name: str) -> bool:
 def plan_name(rollout_plan: str, pilot_size: int) -> str:
     """The plan a config runs: ``rollout_plan``, where ``auto`` is ``pilot`` with a pilot and ``plain`` without."""
     if rollout_plan == "auto":
-        return "pilot" if pilot_size else "plain"
+        return "pilot" if pilot_size > 0 else "plain"
     return rollout_plan

@@ -96,9 +96,11 @@ class DPPOTrainer(Run):
             evaluation), e.g. to draw live curves in a notebook.
         prompt_source: override the prompts (default: from ``config.task``).
 
-    The estimator (``self.estimator``, holding the prompt history) is built once from ``config``; to prune
-    differently mid-run, assign a new one (``trainer.estimator = make_estimator(new_config)``) and carry the
-    history over (``trainer.history``).
+    The estimator (``self.estimator``, holding the prompt history) and the rollout plan (``self.plan``) are built
+    once from ``config``; to prune differently mid-run, assign new ones (``trainer.estimator =
+    make_estimator(new_config)``, ``trainer.plan = make_plan(new_config)``) and carry the history over
+    (``trainer.history``). ``last_selection`` is the last step's selection as its plan drew it (dynamic sampling:
+    the candidate stream its rounds chose from).
     """
 
     def __init__(self, config: DPPOConfig, *, reward_funcs: Sequence[Callable] | None = None,

@@ -44,7 +44,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
 
-from dppo_core.estimator import DPPOEstimator  # noqa: E402
+from dppo_core.config import DPPOConfig  # noqa: E402
+from dppo_core.estimator import DPPOEstimator, make_estimator  # noqa: E402
 from dppo_core.integrations import verl as dv  # noqa: E402
 from dppo_core.integrations import verl_trainer as vt  # noqa: E402
 
@@ -325,9 +326,11 @@ def test_stock_trainer_refuses_prompt_pruning():
         compute_advantage_for_multi_trajectories(batch, [f"{u}_0_0" for u in uid], dv.ADV_ESTIMATOR, num_repeat=G)
 
 
-def test_dense_prompts_and_an_empty_draw_are_refused():
+def test_dense_prompts_a_pilot_and_an_empty_draw_are_refused():
     with pytest.raises(ValueError, match="dense_prompts"):
         dv.install(DPPOEstimator(prompt_prune_rate=0.5, dense_prompts=True), group_size=G)
+    with pytest.raises(ValueError, match="rollout_plan pilot on verl"):  # verl generates a group in one call
+        dv.install(make_estimator(DPPOConfig(pruning="dppo", pilot_size=2)), group_size=G)
     est = DPPOEstimator(seed=0, prompt_prune_rate=0.9, min_prompt_keep_prob=0.05, prompt_scheme="posterior")
     for seen in range(5):  # every group all right, five times: every π at the rate's floor (0.1)
         est.observe([str(q) for q in range(P)], torch.ones(P, G), torch.zeros(P, G), step=seen)

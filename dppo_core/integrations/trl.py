@@ -118,6 +118,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import shuffle_sequence_dict
 
 from dppo_core.estimator import Estimator, PromptPruning, Weighting
+from dppo_core.registry import ROLLOUT_PLANS
 
 __all__ = ["DPPOGRPOTrainer", "ESTIMATOR_FILE", "SUPPORTED_LOSS_TYPES", "SUPPORTED_TRL", "check_trl_version",
            "prompt_id"]
@@ -258,6 +259,12 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
                              f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
                              "drop_zero_advantage=False")
+        plan = ROLLOUT_PLANS.get(self.estimator.rollout_plan)
+        if plan is not None and not plan.trl:  # TRL generates each group in one call of its own
+            raise ValueError(f"DPPOGRPOTrainer runs TRL's own rollouts, which have no {plan.name} plan (the "
+                             "rollout_plan / pilot_size of the config the estimator was built from); build it from a "
+                             "config with rollout_plan auto and pilot_size 0, or run the plan with dppo_core's "
+                             "DPPOTrainer")
         size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
             raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the generation "

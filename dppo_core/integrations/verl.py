@@ -74,6 +74,7 @@ except ImportError as exc:  # verl is not a dependency of dppo_core
 
 from dppo_core.config_checks import POSTERIOR_PROMPT_SCHEMES
 from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
+from dppo_core.registry import ROLLOUT_PLANS
 
 __all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "TRAINER_MODE", "check_config",
            "dropped_groups", "dynamic_pruning_advantage", "dynamic_pruning_policy_loss", "install",
@@ -289,6 +290,11 @@ def install(estimator: Estimator, group_size: int, step: int = 0) -> None:
     if isinstance(estimator, PromptPruning) and estimator.dense_prompts:
         raise ValueError("dense_prompts on verl: its dataloader yields a fixed data.train_batch_size candidates per "
                          "step, so the window cannot look ahead; set dense_prompts false")
+    plan = ROLLOUT_PLANS.get(estimator.rollout_plan)
+    if plan is not None and not plan.verl:  # verl generates each group of rollout.n in one call of its own
+        raise ValueError(f"rollout_plan {plan.name} on verl: its rollouts are its own, with no {plan.name} plan; build "
+                         "the estimator from a config with rollout_plan auto and pilot_size 0 (the plan runs in "
+                         "dppo_core's DPPOTrainer)")
     _INSTALLED.estimator, _INSTALLED.group_size, _INSTALLED.step = estimator, group_size, step
     _INSTALLED.selected, _INSTALLED.window = {}, 0
 

@@ -139,7 +139,8 @@ def test_the_persistence_map_is_its_committed_benches():
         other = json.loads((folder / f"persist-{share}/bench.json").read_text())
         start, end = (m.format(preset=f"cpu-persist-{share}") for m in README_MARKERS)
         for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
-            assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(other, other["command"]), doc
+            table = doc.read_text().split(start)[1].split(end)[0].strip()
+            assert table == format_markdown(other, other["command"]), doc
     points = json.loads((folder / "map.json").read_text())["points"]
     assert [p["preset"] for p in points] == ["cpu-realistic", "cpu-persist-50", "cpu-persist-70", "cpu-persist-85"]
     assert [p["p_equal_after_equal"] for p in points] == sorted(p["p_equal_after_equal"] for p in points)

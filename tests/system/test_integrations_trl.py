@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from dppo_core.estimator import DPPOEstimator, Estimator, Selection, Weighting
+from dppo_core.config import DPPOConfig
+from dppo_core.estimator import DPPOEstimator, Estimator, Selection, Weighting, make_estimator
 
 # `numerics` per test (run under the Makefile's second kernel setting too): those whose outcome can depend on a
 # floating-point kernel; the others (imports and refusals) cannot.
@@ -358,6 +359,8 @@ REFUSED = {
     "bnpo": ({"loss_type": "bnpo"}, Estimator(), r"loss_type='bnpo'.*token count.*loss_type='dr_grpo'"),
     "batch-scaled": ({"scale_rewards": "batch"}, DPPOEstimator(prompt_prune_rate=0.5), r"scale_rewards='batch'"),
     "dense": ({}, DPPOEstimator(prompt_prune_rate=0.5, dense_prompts=True), r"dense_prompts"),
+    # TRL generates a group in one call: the config's pilot (a rollout plan) cannot run there
+    "pilot": ({}, make_estimator(DPPOConfig(pruning="dppo", pilot_size=2)), r"no pilot plan.*pilot_size 0"),
 }
 
 

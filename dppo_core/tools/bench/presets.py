@@ -265,7 +265,7 @@ def persistence_preset(share: float) -> BenchPreset:
                    "max_steps": steps, "eval_steps": max(1, steps // 12)},
         method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
         runtime=f"about {round(26 + 42 * steps / 180)} minutes on 2 CPU cores with --methods grpo_skip "
-                "grpo_skip_matched dppo_budget, 5 seeds (measured 51 at 50%, 68 at 70%, 97 at 85%; 30% scaled by steps)")
+                "grpo_skip_matched dppo_budget, 5 seeds (measured 51 at 50%, 68 at 70%, 97 at 85%; 30%: by steps)")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
