@@ -117,8 +117,8 @@ def generate_scored(trainer: Trainer, rows: list[dict[str, Any]], n: int, call: 
 
 
 def single_process(trainer: Trainer, name: str) -> None:
-    """Refuse data parallelism for plan ``name``, whose draws one process makes (its registry entry says so)."""
-    if trainer.dist.world_size > 1:
+    """Refuse data parallelism for plan ``name`` where its registry entry declares it runs on one process."""
+    if trainer.dist.world_size > 1 and not ROLLOUT_PLANS[name].data_parallel:
         raise RuntimeError(f"the rollout plan {name} runs on one process; launch it without torchrun")
 
 
