@@ -8,7 +8,7 @@ Made with (from the repository root, one thread; a few minutes on 2 CPU cores):
         --output benchmarks/results/realistic-pool/level_success.json
 
 A group is all-correct when its G rewards are all 1, all-wrong when they are all 0, and mixed otherwise (only a mixed
-group has a non-zero advantage). The weights follow the rule written in ``dppo_core/tools/bench/presets.py`` (the
+group has a non-zero advantage). The weights follow the rule written in ``dppo_core/tools/bench/cpu_settings.py`` (the
 ``cpu-realistic`` pool) before this was run: levels 2-5 at equal weight, level 1 for the all-correct groups,
 level 6 for the all-wrong ones, the three weights solving the two target shares, rounded to 0.05.
 """

@@ -1,4 +1,5 @@
-"""``python -m dppo_core ...`` is the ``dppo`` command (``torchrun -m dppo_core train ...`` for several processes)."""
+"""``python -m dppo_core ...`` is the ``dppo`` command (``torchrun -m dppo_core train ...`` for several
+processes)."""
 
 from dppo_core.tools.cli import main
 

@@ -149,8 +149,8 @@ def read_jsonl(path: str | Path, spec: BenchmarkSpec | None = None, source: str 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} does not exist; pass the path of a .jsonl file (one problem/answer object per line), or a "
-            f"benchmark name ({', '.join(BENCHMARKS)}) with data_dir= or $DPPO_DATA_DIR"
+            f"{path} does not exist; pass the path of a .jsonl file (one problem/answer object per line), or "
+            f"a benchmark name ({', '.join(BENCHMARKS)}) with data_dir= or $DPPO_DATA_DIR"
         )
     source = source or _name_for_file(path.name) or path.stem
     spec = spec or BENCHMARKS.get(source) or BenchmarkSpec(path.name, "", "", answer_format="auto")
@@ -168,7 +168,8 @@ def read_jsonl(path: str | Path, spec: BenchmarkSpec | None = None, source: str 
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from e
+                raise DataError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON "
+                                "object") from e
             if not isinstance(row, dict):
                 raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
             records.append(make_record(row, spec, source, len(records), where))
@@ -186,9 +187,9 @@ def _load_from_hub(name: str, spec: BenchmarkSpec, limit: int | None) -> list[Be
         import datasets
     except ImportError as e:
         raise ImportError(
-            f"loading {name!r} from the Hugging Face Hub needs the `datasets` package: `pip install datasets`. "
-            f"Or pass a local copy: load_benchmark({name!r}, data_dir=DIR) with DIR/{spec.file}, "
-            "or set $DPPO_DATA_DIR"
+            f"loading {name!r} from the Hugging Face Hub needs the `datasets` package: "
+            f"`pip install datasets`. Or pass a local copy: load_benchmark({name!r}, data_dir=DIR) with "
+            f"DIR/{spec.file}, or set $DPPO_DATA_DIR"
         ) from e
     ds = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
     records = []

@@ -1,5 +1,5 @@
-"""Biased baselines, for comparison only (the tests and chapter 06 show their bias): the pruning rules of other
-methods, unweighted, as :mod:`dppo_core.estimator`'s ``cppo``, ``greso`` and ``pods`` modes use them.
+"""Biased baselines, for comparison only (the tests and chapter 06 show their bias): the pruning rules of
+other methods, unweighted, as :mod:`dppo_core.estimator`'s ``cppo``, ``greso`` and ``pods`` modes use them.
 
 * :func:`cppo_keep` — CPPO: keep the top-k completions of each group by |A|, deterministically,
   without weights.
@@ -48,7 +48,8 @@ def pods_keep(rewards: torch.Tensor, num_keep: int) -> torch.Tensor:
     """
     r = torch.as_tensor(rewards, dtype=torch.float64)
     if r.ndim != 2 or not 1 <= num_keep <= r.shape[1]:
-        raise ValueError(f"rewards must be (P, G) and num_keep in [1, G]; got {tuple(r.shape)} and {num_keep}")
+        raise ValueError(f"rewards must be (P, G) and num_keep in [1, G]; got {tuple(r.shape)} and "
+                         f"{num_keep}")
     keep = torch.zeros_like(r, dtype=torch.bool)
     for q in range(r.shape[0]):
         order = torch.argsort(r[q], stable=True)
@@ -74,25 +75,30 @@ def greso_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: fl
     out = []
     for pid in prompt_ids:
         rec = history.get(pid)
-        fresh = rec is not None and not (max_age is not None and step is not None and step - rec.step > max_age)
-        out.append(1 - rate if fresh and rec is not None and rec.degenerate else 1.0)  # fresh: rec is not None
+        fresh = rec is not None and not (max_age is not None and step is not None
+                                         and step - rec.step > max_age)
+        # fresh: rec is not None
+        out.append(1 - rate if fresh and rec is not None and rec.degenerate else 1.0)
     return torch.tensor(out, dtype=torch.float64)
 
 
-#: GRESO's floor on a keep probability, and the range and step of its exploration probabilities (the authors' code).
+#: GRESO's floor on a keep probability, and the range and step of its exploration probabilities (the authors'
+#: code).
 GRESO_MIN_KEEP, GRESO_P_RANGE, GRESO_P_STEP = 0.01, (0.05, 0.95), 0.01
 
 
-def greso_streak_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], p_solved: float, p_unsolved: float,
-                            *, step: int | None = None, max_age: int | None = None) -> torch.Tensor:
-    """BIASED baseline, GRESO's own rule (Zheng et al. 2025, arXiv 2506.02177; its ``all_probabilistic`` filter): a
-    prompt whose last z groups in a row were all solved (all unsolved) is kept with probability max(p^z, 0.01), p the
-    exploration probability of its side (``p_solved``, ``p_unsolved``); every other prompt with probability 1. An
-    all-equal group at a reward of 0.5 or more counts as solved."""
+def greso_streak_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], p_solved: float,
+                            p_unsolved: float, *, step: int | None = None,
+                            max_age: int | None = None) -> torch.Tensor:
+    """BIASED baseline, GRESO's own rule (Zheng et al. 2025, arXiv 2506.02177; its ``all_probabilistic``
+    filter): a prompt whose last z groups in a row were all solved (all unsolved) is kept with probability
+    max(p^z, 0.01), p the exploration probability of its side (``p_solved``, ``p_unsolved``); every other
+    prompt with probability 1. An all-equal group at a reward of 0.5 or more counts as solved."""
     out = []
     for pid in prompt_ids:
         rec = history.get(pid)
-        fresh = rec is not None and not (max_age is not None and step is not None and step - rec.step > max_age)
+        fresh = rec is not None and not (max_age is not None and step is not None
+                                         and step - rec.step > max_age)
         z = rec.equal_streak if fresh and rec is not None else 0
         if z == 0 or rec is None:
             out.append(1.0)
@@ -104,11 +110,11 @@ def greso_streak_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], p
 
 @dataclass
 class GRESOExploration:
-    """GRESO's exploration probabilities, adapted once a step toward a target share of zero-variance groups: the
-    solved side's toward a third of ``target``, the unsolved side's toward two thirds (the authors' split: hard prompts
-    are more likely to change as the model improves). After each step, each p moves by 0.01 within [0.05, 0.95]:
-    down (skip more) while its side's share of every group rolled out so far is at or above its target, up
-    otherwise. Both start at 0.5, as the authors' published run script sets them."""
+    """GRESO's exploration probabilities, adapted once a step toward a target share of zero-variance groups:
+    the solved side's toward a third of ``target``, the unsolved side's toward two thirds (the authors' split:
+    hard prompts are more likely to change as the model improves). After each step, each p moves by 0.01
+    within [0.05, 0.95]: down (skip more) while its side's share of every group rolled out so far is at or
+    above its target, up otherwise. Both start at 0.5, as the authors' published run script sets them."""
 
     target: float
     p_solved: float = 0.5
@@ -129,8 +135,8 @@ class GRESOExploration:
         self.unsolved += int((equal & (r[:, 0] < 0.5)).sum())
 
     def adapt(self, step: int) -> None:
-        """Move both probabilities once for ``step`` (a later call for the same step does nothing), from the groups
-        counted so far."""
+        """Move both probabilities once for ``step`` (a later call for the same step does nothing), from the
+        groups counted so far."""
         if step <= self.adapted_at or self.groups == 0:
             return
         self.adapted_at = step
@@ -138,4 +144,5 @@ class GRESOExploration:
         for side, share, target in (("p_solved", self.solved / self.groups, self.target / 3),
                                     ("p_unsolved", self.unsolved / self.groups, 2 * self.target / 3)):
             p = getattr(self, side)
-            setattr(self, side, max(p - GRESO_P_STEP, low) if share >= target else min(p + GRESO_P_STEP, high))
+            setattr(self, side,
+                    max(p - GRESO_P_STEP, low) if share >= target else min(p + GRESO_P_STEP, high))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from dppo_core.config_checks import (
     UPDATE_MODES,
     ConfigError,
     check_fields,
+    coerce_value,
 )
 from dppo_core.config_files import BASE_KEY, preset_names, preset_path, read_yaml_mapping, resolve_yaml
 
@@ -43,8 +43,8 @@ from dppo_core.config_files import BASE_KEY, preset_names, preset_path, read_yam
 # dppo_core.config_files; they are importable from here, where the public surface lists them.
 __all__ = [
     "ATTN_IMPLEMENTATIONS", "COMPLETION_SCHEMES", "CONTINUE_SCHEMES", "FIXED_SIZE_DESIGNS", "LOSS_TYPES",
-    "LR_SCHEDULES", "PROMPT_SCHEMES", "PRUNING_MODES", "ROLLOUT_CORRECTIONS", "ROLLOUT_ENGINES", "SCALE_REWARDS",
-    "SCHEMES", "UPDATE_MODES",
+    "LR_SCHEDULES", "PROMPT_SCHEMES", "PRUNING_MODES", "ROLLOUT_CORRECTIONS", "ROLLOUT_ENGINES",
+    "SCALE_REWARDS", "SCHEMES", "UPDATE_MODES",
     "ConfigError", "DPPOConfig", "field_docs", "field_groups", "learning_rate_at", "preset", "preset_names",
     "preset_overrides",
 ]
@@ -58,9 +58,9 @@ class DPPOConfig:
     ``"smollm2-135m"``: SmolLM2-135M-Instruct, fetched from the package index on first use
     (:mod:`dppo_core.pretrained`); otherwise a local directory or a Hugging Face Hub id of a causal LM."""
     task: str = "arithmetic"
-    """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path of rows with ``problem``
-    and ``answer`` fields (:func:`dppo_core.benchmark_data.load_benchmark`) or chat rows (``prompt``: a list of
-    messages, as TRL's conversational format; ``answer``)."""
+    """``"arithmetic"``: the embedded task; otherwise a benchmark name or a jsonl path of rows with
+    ``problem`` and ``answer`` fields (:func:`dppo_core.benchmark_data.load_benchmark`) or chat rows
+    (``prompt``: a list of messages, as TRL's conversational format; ``answer``)."""
     train_levels: tuple[int, ...] = (2, 3, 4, 5)
     """Levels of the embedded task to train on (ignored for other tasks)."""
     level_weights: tuple[float, ...] | None = None
@@ -71,10 +71,12 @@ class DPPOConfig:
     Prompts then recur about every N / ``prompts_per_step`` steps, as in multi-epoch training on a fixed
     set, which is what prompt pruning needs history for. None: the whole training set."""
     system_prompt: str | None = None
-    """A system message put first in every prompt, in training and in evaluation (a row with its own keeps it)."""
+    """A system message put first in every prompt, in training and in evaluation (a row with its own keeps
+    it)."""
     few_shot: int = 0
-    """Solved examples (``75+72=147. \\boxed{147}``) put before each question of the embedded task as user/assistant
-    turns, the same N for every prompt (:func:`dppo_core.data.few_shot_turns`). A jsonl task writes its own."""
+    """Solved examples (``75+72=147. \\boxed{147}``) put before each question of the embedded task as
+    user/assistant turns, the same N for every prompt (:func:`dppo_core.data.few_shot_turns`). A jsonl task
+    writes its own."""
 
     # --- rollout ----------------------------------------------------------------------------------
     num_generations: int = 8
@@ -88,9 +90,9 @@ class DPPOConfig:
     top_p: float = 1.0
     """Nucleus sampling threshold for rollouts, in (0, 1]."""
     rollout_engine: str = "hf"
-    """``"hf"`` (the training model with transformers: :class:`~dppo_core.rollout.HFRollout`, whose compact loop
-    drops finished sequences), ``"vllm"`` (error if vLLM cannot start) or ``"auto"`` (vLLM if it starts, else
-    transformers with a warning). On CPU with the tiny model ``hf`` is as fast as vLLM
+    """``"hf"`` (the training model with transformers: :class:`~dppo_core.rollout.HFRollout`, whose compact
+    loop drops finished sequences), ``"vllm"`` (error if vLLM cannot start) or ``"auto"`` (vLLM if it starts,
+    else transformers with a warning). On CPU with the tiny model ``hf`` is as fast as vLLM
     (``benchmarks/results/rollout_throughput.md``)."""
     rollout_correction: str = "auto"
     """Correct the loss for the engine sampling from its own copy mu of the policy (other kernels, precision,
@@ -98,9 +100,9 @@ class DPPOConfig:
     min(pi_old / mu, ``rollout_correction_cap``) (truncated importance sampling, as TRL does by default),
     ``"sequence"`` each completion's by min(prod_t pi_old / mu, cap) (exact below the cap, more variance),
     ``"off"`` trusts the engine. ``"auto"``: ``token`` with vLLM, ``off`` with the transformers engine, which
-    samples from the training model itself (mu = pi). With ``top_p < 1`` mu is renormalised over the nucleus and
-    pi_old is not, so the weights sit below 1: the correction then also accounts for the nucleus. Logged per
-    step as ``engine_weight_mean``, ``engine_weight_truncated`` and ``engine_logprob_diff_max``."""
+    samples from the training model itself (mu = pi). With ``top_p < 1`` mu is renormalised over the nucleus
+    and pi_old is not, so the weights sit below 1: the correction then also accounts for the nucleus. Logged
+    per step as ``engine_weight_mean``, ``engine_weight_truncated`` and ``engine_logprob_diff_max``."""
     rollout_correction_cap: float = 2.0
     """C >= 1, the truncation of ``rollout_correction``'s weights (2: Yao et al., 2025)."""
 
@@ -114,10 +116,11 @@ class DPPOConfig:
     epsilon_high: float | None = None
     """Upper clipping range (DAPO's clip-higher); None: same as ``epsilon``."""
     loss_type: str = "grpo"
-    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser; Dr. GRPO also drops the std scaling, which
-    needs ``scale_rewards: none`` as well) or ``"dapo"`` (token mean over every
+    """``"grpo"`` (sequence mean), ``"dr_grpo"`` (constant normaliser; Dr. GRPO also drops the std scaling,
+    which needs ``scale_rewards: none`` as well) or ``"dapo"`` (token mean over every
     rolled-out completion: unbiased under completion pruning; refused with DPPO's prompt pruning, where the
-    token count of the prompts never rolled out is unknown and the loss would be about 1 / mean(pi) too large)."""
+    token count of the prompts never rolled out is unknown and the loss would be about 1 / mean(pi) too
+    large)."""
     scale_rewards: str = "group"
     """Advantage scaling: ``"group"`` std, ``"batch"`` std (refused with DPPO's prompt pruning: the std of the
     kept prompts' rewards depends on the draw), or ``"none"``."""
@@ -138,8 +141,8 @@ class DPPOConfig:
     ``constant`` (equal tuning kept it for every method, docs/benchmarks.md); set a decay for a long run whose
     accuracy flattens while the loss still moves, as TRL's ``lr_scheduler_type`` does."""
     min_lr_ratio: float = 0.0
-    """Where a decaying ``lr_schedule`` ends, as a fraction of ``learning_rate`` (0: decay to zero); set it with a
-    decay that should not stop learning at the end (e.g. 0.1, TRL's ``cosine_with_min_lr``)."""
+    """Where a decaying ``lr_schedule`` ends, as a fraction of ``learning_rate`` (0: decay to zero); set it
+    with a decay that should not stop learning at the end (e.g. 0.1, TRL's ``cosine_with_min_lr``)."""
 
     # --- pruning (DPPO, chapter 05-06) -------------------------------------------------------------
     pruning: str = "none"
@@ -152,20 +155,22 @@ class DPPOConfig:
     prompt_prune_rate: float = 0.0
     """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means). With
     ``dense_prompts`` and the ``proportional`` or ``posterior`` scheme it sets how far the window looks ahead:
-    about ``prompts_per_step`` / (1 - r_q) candidates, of which ``prompts_per_step`` are kept in expectation."""
+    about ``prompts_per_step`` / (1 - r_q) candidates, of which ``prompts_per_step`` are kept in
+    expectation."""
     completion_prune_rate: float = 0.0
     """r_o in [0, 1): how hard to prune completions after reward (per group of G)."""
     greso_target_zero_variance: float | None = None
-    """``pruning: greso`` with GRESO's own adaptive rule (keep max(p^z, 0.01) after z all-equal groups in a row, p
-    adapted each step toward this share of zero-variance groups; the authors use 0.25) instead of one skip rate."""
+    """``pruning: greso`` with GRESO's own adaptive rule (keep max(p^z, 0.01) after z all-equal groups in a
+    row, p adapted each step toward this share of zero-variance groups; the authors use 0.25) instead of one
+    skip rate."""
     prompt_scheme: str = "paper"
     """Prompt keep probabilities: ``"paper"`` (the lower half by history score kept with 1 - r_q),
     ``"proportional"`` (proportional to the last mean |A|, expected fraction pruned r_q) or ``"posterior"``
     (proportional to sqrt(P(the next group is informative)) under a Beta-binomial posterior over the prompt's
-    success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior) or
-    ``"fitted"`` (proportional to that P itself, under a Beta prior fitted to the pool's pass counts: sharper) or
-    ``"streak"`` (``fitted``'s P, recalibrated for prompts after a run of all-equal groups by how often this run's
-    prompts with as long a run were informative next: GRESO's streaks, kept exact by 1/π)."""
+    success rate from its whole history, discounted by ``posterior_half_life``; unseen prompts by the prior)
+    or ``"fitted"`` (proportional to that P itself, under a Beta prior fitted to the pool's pass counts:
+    sharper) or ``"streak"`` (``fitted``'s P, recalibrated for prompts after a run of all-equal groups by how
+    often this run's prompts with as long a run were informative next: GRESO's streaks, kept exact by 1/π)."""
     completion_scheme: str = "proportional"
     """Completion keep probabilities: ``"proportional"`` (to |A|, expected fraction pruned r_o;
     variance-minimising when a completion's gradient size is proportional to |A|), ``"length"`` (to
@@ -175,14 +180,14 @@ class DPPOConfig:
     """``prompt_scheme: posterior``: a group's evidence on its prompt counts half after this many steps (the
     policy moves); None: never discounted."""
     completion_target_ess: float | None = None
-    """Adapt the completion prune rate per step: the largest rate up to ``completion_prune_rate`` (in steps of 0.05)
-    whose predicted Kish effective sample size of the step's weights is at least this (None: the fixed rate). The
-    rate depends only on the step's advantages and the prompts' keep probabilities, so the loss and its gradient
-    conditional on the step's prompt draw stay unbiased; it prunes more when many completions carry signal and
-    less when signal is scarce. No preset sets it: in the ablation on one seed
-    (``benchmarks/results/ablation``) a target of 48 reached the target accuracy 1.74x sooner than ``grpo_skip``,
-    against 1.36x for the same scheme at a fixed rate of 0.7 and 1.79x for the preset's ``length`` scheme; set it
-    when the share of informative groups changes a lot during a run."""
+    """Adapt the completion prune rate per step: the largest rate up to ``completion_prune_rate`` (in steps of
+    0.05) whose predicted Kish effective sample size of the step's weights is at least this (None: the fixed
+    rate). The rate depends only on the step's advantages and the prompts' keep probabilities, so the loss and
+    its gradient conditional on the step's prompt draw stay unbiased; it prunes more when many completions
+    carry signal and less when signal is scarce. No preset sets it: in the ablation on one seed
+    (``benchmarks/results/ablation``) a target of 48 reached the target accuracy 1.74x sooner than
+    ``grpo_skip``, against 1.36x for the same scheme at a fixed rate of 0.7 and 1.79x for the preset's
+    ``length`` scheme; set it when the share of informative groups changes a lot during a run."""
     length_exponent: float = 0.5
     """``completion_scheme: length``: gamma in p ∝ |A| / len^gamma (0.5: gradient size independent of length;
     1: shrinking like 1 / sqrt(len))."""
@@ -194,46 +199,49 @@ class DPPOConfig:
     drop_zero_advantage: bool = True
     """With ``pruning: dppo`` and beta = 0, never train on completions with A = 0 (exact, no bias)."""
     fixed_size_sampling: bool = False
-    """Keep exactly the expected number of items each step (a fixed-size design, ``fixed_size_design``) instead
-    of independent coin flips; same inclusion probabilities, steadier batch sizes."""
+    """Keep exactly the expected number of items each step (a fixed-size design, ``fixed_size_design``)
+    instead of independent coin flips; same inclusion probabilities, steadier batch sizes."""
     fixed_size_design: str = "systematic"
     """With ``fixed_size_sampling``: ``"systematic"`` (systematic PPS in a random order), ``"sorted"`` (the
-    same in the order of a score: the prompts' keep probability, the completions' signed advantage, so the kept
-    set is spread over it like a stratified sample) or ``"pivotal"`` (ordered pivotal sampling in that order).
-    Every design keeps item j with probability exactly its p_j."""
+    same in the order of a score: the prompts' keep probability, the completions' signed advantage, so the
+    kept set is spread over it like a stratified sample) or ``"pivotal"`` (ordered pivotal sampling in that
+    order). Every design keeps item j with probability exactly its p_j."""
     dense_prompts: bool = False
     """Look ahead in the dataset for candidates until the expected number of kept prompts reaches
-    ``prompts_per_step``, so the generation batch stays full. Each step is unbiased for the full-batch loss over
-    its window B (normaliser |B|*G; |B| is chosen from the history before the draw), but a prompt counts
+    ``prompts_per_step``, so the generation batch stays full. Each step is unbiased for the full-batch loss
+    over its window B (normaliser |B|*G; |B| is chosen from the history before the draw), but a prompt counts
     1/(|B|*G) in its step, less where it shares the window with many low-probability prompts: over many steps
     this is not fixed-size GRPO's objective with ``prompts_per_step`` prompts."""
     prompt_window_factor: int = 4
-    """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead. Raise it only if
-    the prompt keep probabilities are so low that the window fills up before ``prompts_per_step`` are expected
-    to be kept (then fewer are rolled out than asked)."""
+    """With ``dense_prompts``, look at most this many times ``prompts_per_step`` candidates ahead. Raise it
+    only if the prompt keep probabilities are so low that the window fills up before ``prompts_per_step`` are
+    expected to be kept (then fewer are rolled out than asked)."""
     rollout_plan: str = "auto"
-    """How a step turns its kept prompts into rolled-out, rewarded groups (:mod:`dppo_core.plans`; each declared, with
-    what it reads and where it runs, in :data:`dppo_core.registry.ROLLOUT_PLANS`): ``"plain"`` (G completions each,
-    one engine call), ``"pilot"`` (``pilot_size`` first, then the rest of the continued groups), ``"dynamic_sampling"``
-    and ``"dapo_oversampled"`` (DAPO's refill until ``prompts_per_step`` groups are informative: a changed objective,
-    one process), ``"offline_filter"`` (the pool's all-equal prompts dropped once before the first step; cannot
-    resume) or ``"auto"`` (``pilot`` when ``pilot_size`` > 0, else ``plain``)."""
+    """How a step turns its kept prompts into rolled-out, rewarded groups (:mod:`dppo_core.plans`; each
+    declared, with what it reads and where it runs, in :data:`dppo_core.registry.ROLLOUT_PLANS`): ``"plain"``
+    (G completions each, one engine call), ``"pilot"`` (``pilot_size`` first, then the rest of the continued
+    groups), ``"dynamic_sampling"`` and ``"dapo_oversampled"`` (DAPO's refill until ``prompts_per_step``
+    groups are informative: a changed objective, one process), ``"offline_filter"`` (the pool's all-equal
+    prompts dropped once before the first step; cannot resume) or ``"auto"`` (``pilot`` when
+    ``pilot_size`` > 0, else ``plain``)."""
     pilot_size: int = 0
-    """Pilot, then continue (``pruning: dppo``): roll out this many of each kept prompt's G completions first (0: off;
-    at most G - 1). A group whose pilot rewards are not all equal gets the rest; one whose pilot is all equal gets
-    the rest with probability c_q (``continue_probability``, ``continue_scheme``) and then weight 1 / c_q, or is
-    stopped (its pilot is not trained on). Unbiased for the full-group loss and gradient at the step's parameters."""
+    """Pilot, then continue (``pruning: dppo``): roll out this many of each kept prompt's G completions first
+    (0: off; at most G - 1). A group whose pilot rewards are not all equal gets the rest; one whose pilot is
+    all equal gets the rest with probability c_q (``continue_probability``, ``continue_scheme``) and then
+    weight 1 / c_q, or is stopped (its pilot is not trained on). Unbiased for the full-group loss and gradient
+    at the step's parameters."""
     continue_probability: float = 0.25
-    """c in (0, 1]: with ``pilot_size``, the probability that a group whose pilot came out all equal is continued
-    (``continue_scheme: posterior``: the least such probability)."""
+    """c in (0, 1]: with ``pilot_size``, the probability that a group whose pilot came out all equal is
+    continued (``continue_scheme: posterior``: the least such probability)."""
     continue_scheme: str = "constant"
-    """With ``pilot_size``: ``"constant"`` (c_q = ``continue_probability``) or ``"posterior"`` (c_q = the larger of
-    it and P(the rest makes the group informative), from a Beta prior fitted to the pool, the prompt's history and
-    its pilot: prompts whose history is mixed are continued, those all equal before and now mostly stopped)."""
+    """With ``pilot_size``: ``"constant"`` (c_q = ``continue_probability``) or ``"posterior"`` (c_q = the
+    larger of it and P(the rest makes the group informative), from a Beta prior fitted to the pool, the
+    prompt's history and its pilot: prompts whose history is mixed are continued, those all equal before and
+    now mostly stopped)."""
     history_max_age: int | None = None
     """Forget a prompt's history after this many steps (it is then treated as unseen: kept); None: never. The
-    ``posterior`` scheme discounts old evidence already (``posterior_half_life``); set this with the ``paper`` or
-    ``proportional`` scheme when the policy moves fast enough that a record many steps old misleads."""
+    ``posterior`` scheme discounts old evidence already (``posterior_half_life``); set this with the ``paper``
+    or ``proportional`` scheme when the policy moves fast enough that a record many steps old misleads."""
 
     # --- packing (chapter 07) ---------------------------------------------------------------------
     packing: bool = False
@@ -243,9 +251,10 @@ class DPPOConfig:
     """Token budget of a packed row (a longer sequence gets a row of its own, never truncated). On CPU, a
     few times the typical sequence length (the masked attention pays for row length squared)."""
     packing_window: int = 16
-    """The greedy packer looks this many sequences ahead for the longest one that still fits a row. Set it only
-    when ``update_density`` (logged per step: real tokens over token slots) is low; on the CPU benchmark's packed
-    updates it is 0.89-0.91 (median per run, ``benchmarks/results/cpu-baselines``, seed 1) with the default."""
+    """The greedy packer looks this many sequences ahead for the longest one that still fits a row. Set it
+    only when ``update_density`` (logged per step: real tokens over token slots) is low; on the CPU
+    benchmark's packed updates it is 0.89-0.91 (median per run, ``benchmarks/results/cpu-baselines``, seed 1)
+    with the default."""
     packing_rows_per_micro_batch: int = 16
     """Packed rows per forward/backward pass (replaces ``micro_batch_size`` when ``packing`` is on)."""
     shared_prefix: bool = False
@@ -253,27 +262,29 @@ class DPPOConfig:
     ``G·(P + R)``; :mod:`dppo_core.shared_prefix`). Same log-probs, loss and gradient up to float rounding.
     With ``attn_implementation: auto`` the policy runs segment attention: each micro-batch is one unpadded
     row of whole segments (as many tokens as ``packing_rows_per_micro_batch`` rows of ``max_tokens_per_row``
-    with ``packing``, else about ``micro_batch_size`` sequences' worth), and attention is computed per segment.
-    With ``sdpa`` or ``eager``: segments (a prompt and as many of its completions as fit in
-    ``max_tokens_per_row``) packed into rows with ``packing``, else one segment per row, under an explicit mask.
-    Flash-attention and ``torch_varlen`` cannot express a shared prefix and are refused."""
+    with ``packing``, else about ``micro_batch_size`` sequences' worth), and attention is computed per
+    segment. With ``sdpa`` or ``eager``: segments (a prompt and as many of its completions as fit in
+    ``max_tokens_per_row``) packed into rows with ``packing``, else one segment per row, under an explicit
+    mask. Flash-attention and ``torch_varlen`` cannot express a shared prefix and are refused."""
 
     # --- update mode ------------------------------------------------------------------------------
     update_mode: str = "full"
-    """``"full"`` fine-tuning, ``"lora"``, ``"qlora4"`` or ``"qlora8"`` (LoRA on a bitsandbytes 4/8-bit base)."""
+    """``"full"`` fine-tuning, ``"lora"``, ``"qlora4"`` or ``"qlora8"`` (LoRA on a bitsandbytes 4/8-bit
+    base)."""
     lora_r: int = 16
     """LoRA rank."""
     lora_alpha: int = 32
     """LoRA scaling numerator (the update is scaled by alpha / r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")
     """Module names that get LoRA adapters (Qwen3, Llama and Qwen2 name them so); set it for a model whose
     projection layers are named otherwise (e.g. ``["c_attn", "c_proj"]`` for GPT-2), or to adapt fewer."""
     attn_implementation: str = "auto"
-    """The policy's attention kernel: ``"auto"`` (on a CUDA device ``flash_attention_2`` when the ``flash-attn``
-    package is installed, else ``torch_varlen``, so a packed update runs a variable-length kernel; ``sdpa`` on
-    CPU; with ``shared_prefix`` segment attention, :mod:`dppo_core.shared_prefix`),
+    """The policy's attention kernel: ``"auto"`` (on a CUDA device ``flash_attention_2`` when the
+    ``flash-attn`` package is installed, else ``torch_varlen``, so a packed update runs a variable-length
+    kernel; ``sdpa`` on CPU; with ``shared_prefix`` segment attention, :mod:`dppo_core.shared_prefix`),
     ``"sdpa"``, ``"eager"``, ``"flash_attention_2"`` (CUDA with ``flash-attn`` only) or ``"torch_varlen"``
     (CUDA of compute capability 8.0+: PyTorch's own variable-length kernel in the packed update, sdpa
     elsewhere, nothing to install; :mod:`dppo_core.varlen`)."""
@@ -290,7 +301,8 @@ class DPPOConfig:
     eval_steps: int = 0
     """Evaluate on held-out problems every this many steps (0: only before and after)."""
     eval_levels: tuple[int, ...] | None = None
-    """Levels of the embedded task to evaluate on; None: ``train_levels`` (add level 1 to watch forgetting)."""
+    """Levels of the embedded task to evaluate on; None: ``train_levels`` (add level 1 to watch
+    forgetting)."""
     eval_problems_per_level: int = 200
     """Held-out problems per level for evaluation."""
     eval_samples: int = 4
@@ -300,12 +312,14 @@ class DPPOConfig:
     ``gsm8k``, or jsonl paths; see :func:`dppo_core.benchmark_data.load_benchmark`), pass@1 greedy and
     sampled, logged in eval.jsonl. Empty: such runs log no accuracy."""
     eval_benchmark_limit: int | None = None
-    """Evaluate on the first this many problems of each of ``eval_benchmarks``; None: all of them. Set it to keep
-    each evaluation short during a run (e.g. 100), and evaluate the final model on everything with ``dppo eval``."""
+    """Evaluate on the first this many problems of each of ``eval_benchmarks``; None: all of them. Set it to
+    keep each evaluation short during a run (e.g. 100), and evaluate the final model on everything with
+    ``dppo eval``."""
     log_groups: bool = True
-    """Write ``groups.jsonl``: per step, every rolled-out group's prompt id, inclusion probability π_q, rewards and
-    completion lengths (what :mod:`dppo_core.tools.bench.ceiling` and offline studies of prompt pruning read; 2.4 KB
-    per step of 32 groups of 8 on the embedded task). Set False for very large runs that need none of it."""
+    """Write ``groups.jsonl``: per step, every rolled-out group's prompt id, inclusion probability π_q,
+    rewards and completion lengths (what :mod:`dppo_core.tools.bench.ceiling` and offline studies of prompt
+    pruning read; 2.4 KB per step of 32 groups of 8 on the embedded task). Set False for very large runs that
+    need none of it."""
     tensorboard: bool = False
     """Also write TensorBoard scalars (needs the ``tensorboard`` package), to watch a long run live; the same
     numbers are always in ``metrics.jsonl`` and ``eval.jsonl``."""
@@ -317,7 +331,8 @@ class DPPOConfig:
     """PyTorch's CPU threads (``torch.set_num_threads``); None: its default, one per core."""
 
     def __post_init__(self) -> None:
-        for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels", "eval_benchmarks"):
+        for name in ("train_levels", "level_weights", "lora_target_modules", "eval_levels",
+                     "eval_benchmarks"):
             value = getattr(self, name)
             if isinstance(value, list):
                 setattr(self, name, tuple(value))
@@ -331,9 +346,11 @@ class DPPOConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> DPPOConfig:
         known = {f.name for f in fields(cls)}
-        if "extra" in data and "extra" not in known:  # a config.json of a run made before the field was removed
+        # a config.json of a run made before the field was removed
+        if "extra" in data and "extra" not in known:
             if data["extra"]:
-                raise ConfigError(f"{source}: 'extra' is no longer a config field and holds {data['extra']!r}; "
+                raise ConfigError(f"{source}: 'extra' is no longer a config field and holds "
+                                  f"{data['extra']!r}; "
                                   "remove it (settings of your own belong in your own code)")
             data = {k: v for k, v in data.items() if k != "extra"}
         unknown = sorted(set(data) - known)
@@ -346,7 +363,7 @@ class DPPOConfig:
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise ConfigError(f"{source}: unknown key(s) {', '.join(hints)}; see DPPOConfig for the fields")
         types = {f.name: str(f.type) for f in fields(cls)}
-        return cls(**{k: _coerce(k, v, types[k], source) for k, v in data.items()})
+        return cls(**{k: coerce_value(k, v, types[k], source) for k, v in data.items()})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> DPPOConfig:
@@ -380,8 +397,8 @@ class DPPOConfig:
 def learning_rate_at(step: int, config: DPPOConfig) -> float:
     """The learning rate of (0-based) ``step``: linear warm-up over ``warmup_steps`` (step 0 at
     ``learning_rate / warmup_steps``), then ``lr_schedule`` decays from ``learning_rate`` towards
-    ``min_lr_ratio * learning_rate``, which it would reach at step ``max_steps`` (the last step, ``max_steps - 1``,
-    is one step short of it)."""
+    ``min_lr_ratio * learning_rate``, which it would reach at step ``max_steps`` (the last step,
+    ``max_steps - 1``, is one step short of it)."""
     c = config
     if step < c.warmup_steps:
         return c.learning_rate * (step + 1) / c.warmup_steps
@@ -403,14 +420,16 @@ def field_docs() -> dict[str, str]:
     body = class_def.body
     docs = {}
     for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+        if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)):
             assert isinstance(node.target, ast.Name)  # a field of a class body is a plain name
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 
 def field_groups() -> dict[str, list[str]]:
-    """The fields in class order, under the ``# --- group ---`` comment each stands under (``--help``, docs)."""
+    """The fields in class order, under the ``# --- group ---`` comment each stands under (``--help``,
+    docs)."""
     import ast
     import inspect
     import re
@@ -430,45 +449,6 @@ def field_groups() -> dict[str, list[str]]:
             seen = node.lineno
             groups.setdefault(current, []).append(node.target.id)
     return groups
-
-
-def _coerce(name: str, value: Any, type_text: str, source: str) -> Any:
-    """Convert a YAML/CLI value to the field's type (YAML reads ``1e-4`` as a string, for example)."""
-    optional = "None" in type_text
-    if value is None:
-        if optional or type_text == "Any":
-            return None
-        raise ConfigError(f"{source}: {name} may not be null")
-    base = type_text.replace("| None", "").strip()
-
-    def fail() -> ConfigError:
-        return ConfigError(f"{source}: {name}={value!r} is not a valid {base}")
-
-    try:
-        if base == "float":
-            if isinstance(value, bool):
-                raise fail()
-            return float(value)
-        if base == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise fail()
-            return int(value)
-        if base == "bool":
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                return value.lower() == "true"
-            if not isinstance(value, bool):
-                raise fail()
-            return value
-        if base.startswith("tuple["):
-            items = value if isinstance(value, (list, tuple)) else [value]
-            inner = base[len("tuple["):].split(",")[0].strip()
-            conv: Callable[[Any], Any] = {"int": int, "float": float, "str": str}.get(inner, lambda x: x)
-            return tuple(conv(x) for x in items)
-        if base == "str":
-            return str(value)
-    except (TypeError, ValueError) as exc:
-        raise fail() from exc
-    return value
 
 
 def preset(name: str) -> DPPOConfig:

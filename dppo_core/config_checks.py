@@ -1,10 +1,12 @@
-"""What a :class:`~dppo_core.config.DPPOConfig` may hold: the allowed values of its enumerated fields, the checks
-of every field, and :class:`ConfigError`, whose message names the field and how to fix it.
+"""What a :class:`~dppo_core.config.DPPOConfig` may hold: the allowed values of its enumerated fields, the
+checks of every field, and :class:`ConfigError`, whose message names the field and how to fix it.
 
 The enumerations are defined here once (torch-free, so the config stays light); :mod:`dppo_core.grpo` and
 :mod:`dppo_core.pruning` check their arguments against the same tuples. All of these are importable from
 :mod:`dppo_core.config` too. :func:`check_fields` is what ``DPPOConfig.validate`` runs; it takes the config as
 ``Any`` because this module sits below :mod:`dppo_core.config` (which imports it) and may not import it back.
+:func:`coerce_value` converts a YAML or command-line value to a field's type, for
+:meth:`~dppo_core.config.DPPOConfig.from_dict`.
 """
 
 from __future__ import annotations
@@ -17,16 +19,20 @@ from dppo_core import registry
 UPDATE_MODES = ("full", "lora", "qlora4", "qlora8")
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "torch_varlen")
 ROLLOUT_ENGINES = registry.names(registry.ROLLOUT_ENGINES)
-ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")  # rollout_correction: dppo_core.grpo's engine weights
-PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")  # dppo_core.estimator.ESTIMATORS has one entry per mode
+#: rollout_correction: dppo_core.grpo's engine weights
+ROLLOUT_CORRECTIONS = ("auto", "off", "token", "sequence")
+#: dppo_core.estimator.ESTIMATORS has one entry per mode
+PRUNING_MODES = ("none", "dppo", "cppo", "greso", "pods")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # loss normalisers of dppo_core.grpo.policy_loss
 SCALE_REWARDS = ("group", "batch", "none")  # advantage scalings of dppo_core.grpo.group_advantages
 #: keep-probability schemes of dppo_core.pruning shared by both stages
 SCHEMES = tuple(n for n in registry.PROMPT_SCHEMES if n in registry.COMPLETION_SCHEMES)
-#: prompt_scheme's rules that read a prompt's whole history through dppo_core.posterior (rewards as pass rates)
+#: prompt_scheme's rules that read a prompt's whole history through dppo_core.posterior (rewards as pass
+#: rates)
 POSTERIOR_PROMPT_SCHEMES = registry.names(registry.PROMPT_SCHEMES, reads="pass_counts")
 PROMPT_SCHEMES = registry.names(registry.PROMPT_SCHEMES)
-COMPLETION_SCHEMES = registry.names(registry.COMPLETION_SCHEMES)  # length: |A| / len^gamma under a token budget
+#: length: |A| / len^gamma under a token budget
+COMPLETION_SCHEMES = registry.names(registry.COMPLETION_SCHEMES)
 ROLLOUT_PLANS = ("auto", *registry.names(registry.ROLLOUT_PLANS))  # rollout_plan: dppo_core.plans
 CONTINUE_SCHEMES = ("constant", "posterior")  # continue_scheme: dppo_core.posterior.continue_probs
 FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
@@ -38,7 +44,8 @@ class ConfigError(ValueError):
 
 
 def check_fields(c: Any) -> None:
-    """Raise :class:`ConfigError` naming the first field of config ``c`` that is invalid, and how to fix it."""
+    """Raise :class:`ConfigError` naming the first field of config ``c`` that is invalid, and how to fix
+    it."""
     _check_sampling_and_objective(c)
     _check_plan(c)
     _check_pruning(c)
@@ -83,14 +90,15 @@ def _check_plan(c: Any) -> None:
     need(c.rollout_plan in ROLLOUT_PLANS, "rollout_plan", f"choose one of {', '.join(ROLLOUT_PLANS)}")
     plan = registry.plan_name(c.rollout_plan, c.pilot_size)
     need(c.pilot_size == 0 or plan == "pilot", "pilot_size",
-         f"a pilot is the pilot rollout plan, not rollout_plan {c.rollout_plan!r}; set rollout_plan: auto (or pilot), "
-         "or pilot_size: 0")
+         f"a pilot is the pilot rollout plan, not rollout_plan {c.rollout_plan!r}; set rollout_plan: auto "
+         "(or pilot), or pilot_size: 0")
     need(plan != "pilot" or c.pilot_size > 0, "rollout_plan",
-         "the pilot plan rolls out pilot_size completions first; set pilot_size (e.g. 2), or rollout_plan: auto")
+         "the pilot plan rolls out pilot_size completions first; set pilot_size (e.g. 2), or "
+         "rollout_plan: auto")
     need(plan not in ("dynamic_sampling", "dapo_oversampled") or c.pruning in ("none", "greso")
          or c.prompt_prune_rate == 0, "rollout_plan",
-         f"dynamic sampling with pruning {c.pruning!r} and prompt_prune_rate > 0 would drop its prompt weights 1/π; "
-         "use pruning: greso (unweighted skips) or prompt_prune_rate: 0")
+         f"dynamic sampling with pruning {c.pruning!r} and prompt_prune_rate > 0 would drop its prompt "
+         "weights 1/π; use pruning: greso (unweighted skips) or prompt_prune_rate: 0")
 
 
 def _check_pruning(c: Any) -> None:
@@ -125,23 +133,24 @@ def _check_pruning(c: Any) -> None:
          "loss would be about 1 / mean(keep probability) times the full batch's); use loss_type: dr_grpo (a "
          "token sum over a constant normaliser) or grpo, or prompt_prune_rate: 0")
     need(not (dppo_prunes_prompts and c.scale_rewards == "batch"), "scale_rewards",
-         "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would be "
-         "biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
+         "a batch-wide reward std over the kept prompts depends on which were kept, so the advantages would "
+         "be biased; use scale_rewards: group (or none), or prompt_prune_rate: 0")
     need(0 <= c.pilot_size < c.num_generations, "pilot_size",
          f"the pilot is part of each group of num_generations={c.num_generations}: use 0 (off) up to "
          f"{c.num_generations - 1}, e.g. 2")
     need(c.pilot_size == 0 or c.pruning == "dppo", "pilot_size",
-         f"a pilot weighs continued all-equal groups 1 / c, which only pruning: dppo does (not {c.pruning!r}); set "
-         "pruning: dppo (rates 0 prune nothing else) or pilot_size: 0")
+         f"a pilot weighs continued all-equal groups 1 / c, which only pruning: dppo does (not "
+         f"{c.pruning!r}); set pruning: dppo (rates 0 prune nothing else) or pilot_size: 0")
     need(0 < c.continue_probability <= 1, "continue_probability",
          "must be in (0, 1] (0 would stop every all-equal pilot and bias the estimate), e.g. 0.25")
-    need(c.continue_scheme in CONTINUE_SCHEMES, "continue_scheme", f"choose one of {', '.join(CONTINUE_SCHEMES)}")
+    need(c.continue_scheme in CONTINUE_SCHEMES, "continue_scheme",
+         f"choose one of {', '.join(CONTINUE_SCHEMES)}")
     need(not (c.pilot_size and c.loss_type == "dapo"), "loss_type",
-         "dapo divides by the rolled-out completions' tokens, which the pilot's stops change; use dr_grpo or grpo, "
-         "or pilot_size: 0")
+         "dapo divides by the rolled-out completions' tokens, which the pilot's stops change; use dr_grpo or "
+         "grpo, or pilot_size: 0")
     need(not (c.pilot_size and c.scale_rewards == "batch"), "scale_rewards",
-         "a batch-wide reward std over the continued groups depends on which were continued; use scale_rewards: "
-         "group (or none), or pilot_size: 0")
+         "a batch-wide reward std over the continued groups depends on which were continued; use "
+         "scale_rewards: group (or none), or pilot_size: 0")
     need(c.pruning != "cppo" or c.prompt_prune_rate == 0, "prompt_prune_rate",
          "CPPO prunes completions only; set prompt_prune_rate: 0 or use pruning: dppo")
     need(c.pruning != "pods" or c.prompt_prune_rate == 0, "prompt_prune_rate",
@@ -150,8 +159,8 @@ def _check_pruning(c: Any) -> None:
          "GRESO skips prompts only; set completion_prune_rate: 0 or use pruning: dppo")
     target = c.greso_target_zero_variance
     need(target is None or (c.pruning == "greso" and 0 < target < 1 and c.prompt_prune_rate == 0),
-         "greso_target_zero_variance", "GRESO's adaptive rule needs pruning: greso, a target in (0, 1) (its authors "
-         "use 0.25) and prompt_prune_rate: 0 (the constant skip rate it replaces); or leave it null")
+         "greso_target_zero_variance", "GRESO's adaptive rule needs pruning: greso, a target in (0, 1) (its "
+         "authors use 0.25) and prompt_prune_rate: 0 (the constant skip rate it replaces); or leave it null")
 
 def _check_layout_and_run(c: Any) -> None:
     need = _needs(c)
@@ -162,8 +171,8 @@ def _check_layout_and_run(c: Any) -> None:
     need(not (varlen and c.device == "cpu"), "attn_implementation",
          f"{c.attn_implementation} runs on CUDA only; use auto or sdpa on CPU")
     need(not (varlen and c.shared_prefix), "attn_implementation",
-         f"the shared-prefix layout needs an attention mask, which {c.attn_implementation} does not take; use "
-         "auto (segment attention), sdpa, or set shared_prefix: false")
+         f"the shared-prefix layout needs an attention mask, which {c.attn_implementation} does not take; "
+         "use auto (segment attention), sdpa, or set shared_prefix: false")
     need(c.lora_r >= 1, "lora_r", "the LoRA rank must be at least 1")
     need(c.max_steps >= 1, "max_steps", "must be at least 1")
     need(c.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
@@ -180,7 +189,8 @@ def _check_layout_and_run(c: Any) -> None:
          "user/assistant messages (chat rows), and set few_shot: 0")
     need(c.system_prompt is None or c.system_prompt.strip() != "", "system_prompt",
          "give the system message's text, or null for none (the model's chat template may add its own)")
-    need(c.cpu_threads is None or c.cpu_threads >= 1, "cpu_threads", "give at least 1, or null for one per core")
+    need(c.cpu_threads is None or c.cpu_threads >= 1, "cpu_threads",
+         "give at least 1, or null for one per core")
     need(c.train_pool_size is None or c.train_pool_size >= 1, "train_pool_size",
          "a training pool needs at least 1 prompt, e.g. 256; or null for the whole training set")
     need(c.eval_benchmark_limit is None or c.eval_benchmark_limit >= 1, "eval_benchmark_limit",
@@ -191,3 +201,42 @@ def _check_layout_and_run(c: Any) -> None:
         need(len(c.level_weights) == len(c.train_levels) and min(c.level_weights) >= 0
              and sum(c.level_weights) > 0, "level_weights",
              f"give {len(c.train_levels)} non-negative weights (one per train level) or null")
+
+
+def coerce_value(name: str, value: Any, type_text: str, source: str) -> Any:
+    """Convert a YAML/CLI value to the field's type (YAML reads ``1e-4`` as a string, for example)."""
+    optional = "None" in type_text
+    if value is None:
+        if optional or type_text == "Any":
+            return None
+        raise ConfigError(f"{source}: {name} may not be null")
+    base = type_text.replace("| None", "").strip()
+
+    def fail() -> ConfigError:
+        return ConfigError(f"{source}: {name}={value!r} is not a valid {base}")
+
+    try:
+        if base == "float":
+            if isinstance(value, bool):
+                raise fail()
+            return float(value)
+        if base == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise fail()
+            return int(value)
+        if base == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise fail()
+            return value
+        if base.startswith("tuple["):
+            items = value if isinstance(value, (list, tuple)) else [value]
+            inner = base[len("tuple["):].split(",")[0].strip()
+            conv: Callable[[Any], Any] = {"int": int, "float": float, "str": str}.get(inner, lambda x: x)
+            return tuple(conv(x) for x in items)
+        if base == "str":
+            return str(value)
+    except (TypeError, ValueError) as exc:
+        raise fail() from exc
+    return value

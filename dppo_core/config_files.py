@@ -1,4 +1,5 @@
-"""Configuration files: reading a YAML config, resolving its ``base: PRESET``, and the presets the package ships.
+"""Configuration files: reading a YAML config, resolving its ``base: PRESET``, and the presets the package
+ships.
 
 Torch-free, and below :mod:`dppo_core.config`, which builds a :class:`~dppo_core.config.DPPOConfig` from what
 these functions read (:meth:`~dppo_core.config.DPPOConfig.from_yaml`, :func:`~dppo_core.config.preset`).
@@ -49,13 +50,14 @@ def resolve_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, A
     base_path = (PRESETS_DIR / f"{base}.yaml").resolve()
     if base_path in chain:
         cycle = " -> ".join(p.stem for p in (*chain[chain.index(base_path):], base_path))
-        raise ConfigError(f"{path}: the base presets form a cycle ({cycle}); one of them must not name a base")
+        raise ConfigError(f"{path}: the base presets form a cycle ({cycle}); "
+                          "one of them must not name a base")
     return {**resolve_yaml(base_path, chain), **data}
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
-    """The mapping a YAML file holds, as written (``base`` unresolved); a :class:`ConfigError` for a missing file,
-    invalid YAML or anything but a mapping."""
+    """The mapping a YAML file holds, as written (``base`` unresolved); a :class:`ConfigError` for a missing
+    file, invalid YAML or anything but a mapping."""
     import yaml
 
     if not path.is_file():
@@ -65,5 +67,6 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
+        raise ConfigError(f"config file {path} must hold a mapping of field: value, got "
+                          f"{type(data).__name__}")
     return data

@@ -18,11 +18,13 @@ from dppo_core.tasks import ArithmeticTask, Problem
 
 
 class PromptSource:
-    """Rows with ``prompt`` (chat messages), ``answer`` and ``id``; a step's prompts are a function of (seed, step)."""
+    """Rows with ``prompt`` (chat messages), ``answer`` and ``id``; a step's prompts are a function of (seed,
+    step)."""
 
     def __init__(self, rows: Sequence[dict[str, Any]], weights: Sequence[float] | None = None):
         if not rows:
-            raise ConfigError("the training dataset is empty: give a task or a jsonl file with at least one row")
+            raise ConfigError("the training dataset is empty: give a task or a jsonl file with at least one "
+                              "row")
         self.rows = list(rows)
         self.weights = list(weights) if weights is not None else None
 
@@ -56,16 +58,17 @@ def prompt_key(row: dict[str, Any]) -> str:
 
 
 def few_shot_turns(n: int, levels: Sequence[int]) -> list[dict[str, str]]:
-    """``n`` solved examples of the embedded task as user/assistant turns: ``n`` problems of the training split of
-    ``levels`` drawn under a fixed seed (never a held-out one; the same for every run, and ``n`` of them are the
-    first ``n`` of ``n + 1``), each its prompt and its answer as one equation (``75+72=147. \\boxed{147}``: the
-    worked steps the tiny model learned mislead a pretrained model, which copies them;
+    """``n`` solved examples of the embedded task as user/assistant turns: ``n`` problems of the training
+    split of ``levels`` drawn under a fixed seed (never a held-out one; the same for every run, and ``n`` of
+    them are the first ``n`` of ``n + 1``), each its prompt and its answer as one equation (``75+72=147.
+    \\boxed{147}``: the worked steps the tiny model learned mislead a pretrained model, which copies them;
     benchmarks/smollm2_prompts.py)."""
     task = ArithmeticTask(levels)
     problems = sorted((p for lvl in task.levels for p in task.train(lvl)), key=lambda p: p.id)
     turns: list[dict[str, str]] = []
     for p in random.Random("few-shot").sample(problems, n):
-        turns += [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.solution("equation")}]
+        turns += [{"role": "user", "content": p.prompt},
+                  {"role": "assistant", "content": p.solution("equation")}]
     return turns
 
 
@@ -103,27 +106,28 @@ def read_chat_rows(path: Path) -> list[dict[str, Any]] | None:
     for i, row in lines:
         row = row if isinstance(row, dict) else {}
         msgs, answer = row.get("prompt"), row.get("answer")
-        ok = (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                      and m.get("role") in ("system", "user", "assistant")
-                                                      for m in msgs) and msgs[-1]["role"] == "user")
+        ok = (isinstance(msgs, list) and msgs
+              and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                      and m.get("role") in ("system", "user", "assistant")
+                      for m in msgs) and msgs[-1]["role"] == "user")
         if not ok or not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
-            raise ConfigError(f"{path}:{i}: a chat row needs 'prompt', a list of {{'role', 'content'}} messages "
-                              "(roles system, user, assistant) that ends with the user's, and 'answer', the "
-                              f"reference answer as a string; got keys {sorted(row)}")
+            raise ConfigError(f"{path}:{i}: a chat row needs 'prompt', a list of {{'role', 'content'}} "
+                              "messages (roles system, user, assistant) that ends with the user's, and "
+                              f"'answer', the reference answer as a string; got keys {sorted(row)}")
         rows.append({"id": str(row.get("id", f"{path.stem}-{i - 1}")), "prompt": msgs, "answer": str(answer)})
     return rows
 
 
 def check_levels(config: DPPOConfig) -> None:
-    """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-6; level 6
-    is beyond the tiny model's reach, :data:`dppo_core.tasks.EXTRA_LEVELS`)."""
+    """Refuse a ``train_levels`` or ``eval_levels`` the embedded task does not have (it has levels 1-6; level
+    6 is beyond the tiny model's reach, :data:`dppo_core.tasks.EXTRA_LEVELS`)."""
     from dppo_core.tasks import ALL_LEVELS
 
     for name in ("train_levels", "eval_levels"):
         levels = getattr(config, name) or ()
         if not set(levels) <= set(ALL_LEVELS):
-            raise ConfigError(f"{name}={list(levels)!r}: the embedded task has levels {list(ALL_LEVELS)}; choose "
-                              "among them, e.g. [2, 3, 4, 5]")
+            raise ConfigError(f"{name}={list(levels)!r}: the embedded task has levels {list(ALL_LEVELS)}; "
+                              "choose among them, e.g. [2, 3, 4, 5]")
 
 
 def build_prompt_source(config: DPPOConfig) -> PromptSource:
@@ -143,9 +147,11 @@ def build_prompt_source(config: DPPOConfig) -> PromptSource:
         from dppo_core.benchmark_data import BENCHMARKS, load_benchmark
 
         path = Path(config.task).expanduser()
-        if path.suffix == ".jsonl" and not path.is_file():  # the training data, named as the setting that gave it
-            raise ConfigError(f"task={config.task!r} does not exist; give the path of a .jsonl file of problem/answer "
-                              f"rows, a benchmark name ({', '.join(BENCHMARKS)}), or task='arithmetic'")
+        # the training data, named as the setting that gave it
+        if path.suffix == ".jsonl" and not path.is_file():
+            raise ConfigError(f"task={config.task!r} does not exist; give the path of a .jsonl file of "
+                              f"problem/answer rows, a benchmark name ({', '.join(BENCHMARKS)}), or "
+                              "task='arithmetic'")
         chat = read_chat_rows(path) if path.suffix == ".jsonl" else None
         records = load_benchmark(config.task) if chat is None else []
         if chat is None and not records:

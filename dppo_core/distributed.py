@@ -52,7 +52,8 @@ class DistInfo:
 
 
 def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the process group started by ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1), else one process.
+    """Join the process group started by ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1), else one
+    process.
 
     The backend is NCCL when the run uses CUDA, gloo otherwise. Calling it again reuses the group.
     """
@@ -67,7 +68,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK"):
             if var not in os.environ:
                 raise RuntimeError(f"WORLD_SIZE={world} but {var} is not set: start data-parallel runs with "
-                                   "`torchrun --nproc_per_node N -m dppo_core train ...` or `accelerate launch`")
+                                   "`torchrun --nproc_per_node N -m dppo_core train ...` or "
+                                   "`accelerate launch`")
         if use_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if use_cuda else "gloo")
@@ -89,10 +91,10 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 
 
 def from_main(obj: Any, info: DistInfo) -> Any:
-    """Rank 0's ``obj`` (picklable) on every rank; ``obj`` itself in a single process. The trainer passes each draw
-    through it (the prompt selection, the continue draw, the completion weighting): every rank computes them from the
-    same history and seeded streams, and this makes them agree to the bit whatever each rank's arithmetic (a float
-    near-tie in the ``fitted`` prior's grid could break differently on two CPUs)."""
+    """Rank 0's ``obj`` (picklable) on every rank; ``obj`` itself in a single process. The trainer passes each
+    draw through it (the prompt selection, the continue draw, the completion weighting): every rank computes
+    them from the same history and seeded streams, and this makes them agree to the bit whatever each rank's
+    arithmetic (a float near-tie in the ``fitted`` prior's grid could break differently on two CPUs)."""
     if not info.enabled:
         return obj
     box = [obj if info.is_main else None]
@@ -102,7 +104,8 @@ def from_main(obj: Any, info: DistInfo) -> Any:
 
 def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[str, float],
                   info: DistInfo) -> tuple[torch.Tensor, list[int], dict[str, float]]:
-    """Every rank's groups in global (rank) order: rewards (P, G), completion lengths, mean reward per function.
+    """Every rank's groups in global (rank) order: rewards (P, G), completion lengths, mean reward per
+    function.
 
     The one gather of a step before the update (the update then all-reduces the gradients and gathers its
     statistics): after it every rank holds the whole step's rewards, computes the
@@ -117,15 +120,15 @@ def gather_groups(rewards: torch.Tensor, lengths: list[int], reward_means: dict[
 
 
 def job_layout_stats(stats: dict[str, float], layout: dict[str, float], info: DistInfo) -> dict[str, float]:
-    """An update's layout statistics for the whole job: the per-rank ``stats`` and ``layout`` summed over ranks
-    (``grad_norm`` is the same on every rank; the largest engine log-prob difference is the largest over ranks).
-    Single process: ``layout`` as it is."""
+    """An update's layout statistics for the whole job: the per-rank ``stats`` and ``layout`` summed over
+    ranks (``grad_norm`` is the same on every rank; the largest engine log-prob difference is the largest over
+    ranks). Single process: ``layout`` as it is."""
     if not info.enabled:
         return layout
     ranks = all_gather_objects({**stats, **layout}, info)
-    summed = {k: sum(r[k] for r in ranks) for k in ("loss", "clip_fraction", "kl", "update_rows", "update_capacity",
-                                                     "padding_avoided", "prompt_tokens_shared", "engine_weight_mean",
-                                                     "engine_weight_truncated")
+    summed = {k: sum(r[k] for r in ranks)
+              for k in ("loss", "clip_fraction", "kl", "update_rows", "update_capacity", "padding_avoided",
+                        "prompt_tokens_shared", "engine_weight_mean", "engine_weight_truncated")
               if k in ranks[0]}
     if "engine_logprob_diff_max" in ranks[0]:
         summed["engine_logprob_diff_max"] = max(r["engine_logprob_diff_max"] for r in ranks)
@@ -189,7 +192,8 @@ def barrier(info: DistInfo) -> None:
 
 
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+            else torch.device("cpu"))
 
 
 def shutdown() -> None:

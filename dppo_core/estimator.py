@@ -20,17 +20,16 @@ The estimator (the full-batch GRPO loss over the candidate window B, and what ``
 
     L(θ) = (1/C) Σ_{q∈B} Σ_{i=1..G} ℓ_{q,i}(θ)          L̂(θ) = (1/C) Σ_{kept} ℓ_{q,i}(θ) / (π_q p_{q,i})
 
-with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i}
-(completions, from |A|) come from :mod:`dppo_core.pruning` (with a pilot, :mod:`dppo_core.plans.pilot`, π_q is
-multiplied by c_q,
-the probability that the group was continued after its first k completions:
+with C = |B|·G fixed before the draw. Keep probabilities π_q (prompts, from history) and p_{q,i} (completions,
+from |A|) come from :mod:`dppo_core.pruning` (with a pilot, :mod:`dppo_core.plans.pilot`, π_q is multiplied by
+c_q, the probability that the group was continued after its first k completions:
 :func:`dppo_core.posterior.continue_probs`, 1 where the pilot's rewards differ) (the baselines' rules from
 :mod:`dppo_core.biased_baselines`); E[L̂(θ)] = L(θ) for every θ fixed before the draw, so the loss and its
-gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or ``dr_grpo`` normaliser (``dapo`` under
-completion pruning only) and advantages scaled per group or not at all (batch-wide only without prompt pruning);
-docs/estimator.md has the proof. That is all: the optimizer's update is not an unbiased estimate of the
-full-batch update (AdamW is not linear, gradient-norm clipping shrinks heavy-weight draws), and from a second PPO
-epoch on θ depends on the draw.
+gradient at the step's parameters are unbiased, for ℓ with the ``grpo`` or ``dr_grpo`` normaliser (``dapo``
+under completion pruning only) and advantages scaled per group or not at all (batch-wide only without prompt
+pruning); docs/estimator.md has the proof. That is all: the optimizer's update is not an unbiased estimate of
+the full-batch update (AdamW is not linear, gradient-norm clipping shrinks heavy-weight draws), and from a
+second PPO epoch on θ depends on the draw.
 
 Modes (``ESTIMATORS``, chosen once by name): ``none`` (plain GRPO: everything, weight 1), ``dppo``
 (random pruning with importance weights; unbiased as above), and the BIASED baselines ``cppo`` (top-k
@@ -70,14 +69,18 @@ class Weighting:
     """What a step trains on: a keep mask and weights over the rolled-out (P, G) completions, and C."""
 
     keep: torch.Tensor  # (P, G) bool
-    weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where dropped
-    num_sequences: int  # the normaliser C of the grpo / dr_grpo losses: |B|·G (dppo), P·G (none, greso), kept (cppo)
-    advantages: torch.Tensor | None = None  # (P, G) replaces the step's advantages where kept (pods); None: keep them
+    weights: torch.Tensor  # (P, G) float64: 1 / (π_q p_qi) where kept (DPPO), 1 for the others; 0 where
+                           # dropped
+    num_sequences: int  # the normaliser C of the grpo / dr_grpo losses: |B|·G (dppo), P·G (none, greso), kept
+                        # (cppo)
+    advantages: torch.Tensor | None = None  # (P, G) replaces the step's advantages where kept (pods); None:
+                                            # keep them
 
 
 @dataclass
 class Continuation:
-    """After a pilot: which rolled-out groups get the rest of their completions, and the probability c_q of that."""
+    """After a pilot: which rolled-out groups get the rest of their completions, and the probability c_q of
+    that."""
 
     keep: torch.Tensor  # (P,) bool
     probs: torch.Tensor  # (P,) float64 c_q: 1 where the pilot's rewards are not all equal
@@ -93,8 +96,9 @@ class Continuation:
         return (~self.keep).nonzero().flatten().tolist()
 
     def applied(self, selection: Selection) -> Selection:
-        """The continued groups as a :class:`Selection`: their window positions, with inclusion probabilities π_q c_q
-        (the weights 1 / (π_q c_q p_qi) then follow from :meth:`Estimator.weigh`), over the same window."""
+        """The continued groups as a :class:`Selection`: their window positions, with inclusion probabilities
+        π_q c_q (the weights 1 / (π_q c_q p_qi) then follow from :meth:`Estimator.weigh`), over the same
+        window."""
         kept = self.positions
         return Selection([selection.indices[j] for j in kept], selection.probs[kept] * self.probs[kept],
                          selection.window)
@@ -119,14 +123,15 @@ class Estimator:
     """
 
     name: ClassVar[str] = "none"
-    #: ``weigh`` reads the step's rewards (``rewards=``); the trainer passes them only to such an estimator, so a
-    #: subclass that overrides ``weigh(advantages, selection, step)`` keeps working
+    #: ``weigh`` reads the step's rewards (``rewards=``); the trainer passes them only to such an estimator,
+    #: so a subclass that overrides ``weigh(advantages, selection, step)`` keeps working
     needs_rewards: ClassVar[bool] = False
     seed: int = 0  # the pruning draws of step s are a function of (seed, s) only: resumable
     history_max_age: int | None = None  # forget a prompt's history after this many steps (then: unseen)
     history: PromptHistory = field(default_factory=PromptHistory)
-    #: the rollout plan of the config this estimator was built from (dppo_core.registry.ROLLOUT_PLANS): the TRL and
-    #: verl adapters, whose rollouts are their own, refuse one they cannot run (a pilot, dynamic sampling)
+    #: the rollout plan of the config this estimator was built from (dppo_core.registry.ROLLOUT_PLANS): the
+    #: TRL and verl adapters, whose rollouts are their own, refuse one they cannot run (a pilot, dynamic
+    #: sampling)
     rollout_plan: str = field(default="plain", init=False)
 
     @property
@@ -140,7 +145,8 @@ class Estimator:
         estimator's settings is the config field of the same name (``group_size`` is ``num_generations``)."""
         settings = [f.name for f in fields(cls) if f.init and f.name != "history"]
         est = cls(**{name: getattr(config, CONFIG_NAMES.get(name, name)) for name in settings})
-        est.rollout_plan = registry.plan_name(getattr(config, "rollout_plan", "auto"), getattr(config, "pilot_size", 0))
+        est.rollout_plan = registry.plan_name(getattr(config, "rollout_plan", "auto"),
+                                              getattr(config, "pilot_size", 0))
         return est
 
     # --- before rollout ---------------------------------------------------------------------------
@@ -154,20 +160,22 @@ class Estimator:
 
     # --- after a pilot (the pilot plan, dppo_core.plans.pilot, asks) -----------------------------------
     def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
-        """Which groups, given their pilot's rewards (P, k), get the rest of their completions: all of them here."""
+        """Which groups, given their pilot's rewards (P, k), get the rest of their completions: all of them
+        here."""
         n = len(prompt_ids)
         return Continuation(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
 
     # --- after reward -----------------------------------------------------------------------------
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
               rewards: torch.Tensor | None = None) -> Weighting:
-        """Keep mask, weights and normaliser for the (P, G) advantages of the rolled-out groups (``rewards``, of
-        the same shape, only for a mode that reads them: ``pods``)."""
+        """Keep mask, weights and normaliser for the (P, G) advantages of the rolled-out groups (``rewards``,
+        of the same shape, only for a mode that reads them: ``pods``)."""
         p, g = advantages.shape
         return Weighting(torch.ones(p, g, dtype=torch.bool), torch.ones(p, g, dtype=torch.float64), p * g)
 
     # --- history ----------------------------------------------------------------------------------
-    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor,
+                step: int) -> None:
         """Record what each rolled-out prompt's group showed (rewards and advantages of shape (P, G))."""
         self.history.update(prompt_ids, rewards, advantages, step, max_age=self.history_max_age)
 
@@ -180,8 +188,8 @@ class Estimator:
         self.history = PromptHistory.from_state_dict(state, half_life=self.history.half_life)
         mode = state.get("mode")
         if mode is not None and mode != self.name:
-            warnings.warn(f"the prompt history was written by a {mode!r} estimator and is loaded into a {self.name!r} "
-                          "one: its records are used as they are", stacklevel=2)
+            warnings.warn(f"the prompt history was written by a {mode!r} estimator and is loaded into a "
+                          f"{self.name!r} one: its records are used as they are", stacklevel=2)
 
 
 @dataclass(kw_only=True)
@@ -216,8 +224,8 @@ class PromptPruning(Estimator):
         if dense:
             window = pruning.dense_window(probs, size)
             probs = self.prompt_probs(ids[:window], step, budget=size)
-        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "prompts"), self.fixed_size_sampling,
-                                   design=self.fixed_size_design, order_key=probs)
+        keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "prompts"),
+                                   self.fixed_size_sampling, design=self.fixed_size_design, order_key=probs)
         kept = keep.nonzero().flatten().tolist()
         return Selection(kept, probs[kept], window)
 
@@ -236,8 +244,8 @@ class DPPOEstimator(PromptPruning):
        needs the completions' lengths: ``weigh(A, selection, step, lengths=L)`` (``needs_lengths``).
     4. ``prompt_scheme="posterior"`` scores prompts by a Beta-binomial posterior over their whole history
        (discounted with ``posterior_half_life`` steps) instead of the last group's mean |A|.
-    5. Not in the paper: a pilot (the ``pilot`` rollout plan, :mod:`dppo_core.plans.pilot`) rolls out k completions
-       per kept prompt first; a group whose pilot is all equal is continued with probability c_q
+    5. Not in the paper: a pilot (the ``pilot`` rollout plan, :mod:`dppo_core.plans.pilot`) rolls out k
+       completions per kept prompt first; a group whose pilot is all equal is continued with probability c_q
        (:meth:`continue_groups`) and weighted 1 / c_q.
     """
 
@@ -264,7 +272,8 @@ class DPPOEstimator(PromptPruning):
 
     def __setattr__(self, name: str, value: Any) -> None:
         # the history's evidence is discounted with this estimator's half-life, whichever history it is handed
-        # (est.history = ..., trainer.history = ..., a checkpoint): a swapped-in history cannot silently stop decaying
+        # (est.history = ..., trainer.history = ..., a checkpoint): a swapped-in history cannot silently stop
+        # decaying
         if name == "history" and isinstance(value, PromptHistory) and "posterior_half_life" in self.__dict__:
             value.half_life = self.posterior_half_life
         elif name == "posterior_half_life" and "history" in self.__dict__:
@@ -279,16 +288,20 @@ class DPPOEstimator(PromptPruning):
     def prompt_probs(self, ids: list[str], step: int, budget: float | None = None) -> torch.Tensor:
         return pruning.prompt_keep_probs(self.history, ids, self.prompt_prune_rate, scheme=self.prompt_scheme,
                                          min_keep_prob=self.min_prompt_keep_prob, step=step,
-                                         max_age=self.history_max_age, budget=budget, group_size=self.group_size,
-                                         scale_rewards=self.scale_rewards, calibration=self.calibration)
+                                         max_age=self.history_max_age, budget=budget,
+                                         group_size=self.group_size, scale_rewards=self.scale_rewards,
+                                         calibration=self.calibration)
 
-    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
-        # ``streak``: count each group into the calibration as the history before it predicted it, then record it
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor,
+                step: int) -> None:
+        # ``streak``: count each group into the calibration as the history before it predicted it, then record
+        # it
         if registry.PROMPT_SCHEMES[self.prompt_scheme].calibrated and len(prompt_ids):
             p = posterior.fitted_informative(self.history, prompt_ids, self.group_size, step=step,
                                              max_age=self.history_max_age)
-            self.calibration.record(self.history, prompt_ids, p, torch.as_tensor(rewards, dtype=torch.float64),
-                                    self.group_size, step=step, max_age=self.history_max_age)
+            self.calibration.record(self.history, prompt_ids, p,
+                                    torch.as_tensor(rewards, dtype=torch.float64), self.group_size, step=step,
+                                    max_age=self.history_max_age)
         super().observe(prompt_ids, rewards, advantages, step)
 
     def state_dict(self) -> dict[str, Any]:
@@ -303,14 +316,16 @@ class DPPOEstimator(PromptPruning):
     def continue_probs(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> torch.Tensor:
         """c_q of each group after its pilot (:func:`dppo_core.posterior.continue_probs`), shape (P,)."""
         return posterior.continue_probs(pilot_rewards, self.continue_probability, self.continue_scheme,
-                                        history=self.history, prompt_ids=prompt_ids, group_size=self.group_size,
-                                        step=step, max_age=self.history_max_age)
+                                        history=self.history, prompt_ids=prompt_ids,
+                                        group_size=self.group_size, step=step, max_age=self.history_max_age)
 
     def continue_groups(self, prompt_ids: list[str], pilot_rewards: torch.Tensor, step: int) -> Continuation:
-        """Each group whose pilot is not all equal is continued; each other one with probability c_q (an independent
-        draw of (seed, step) only: resumable). Call it before the history records this step's groups."""
+        """Each group whose pilot is not all equal is continued; each other one with probability c_q (an
+        independent draw of (seed, step) only: resumable). Call it before the history records this step's
+        groups."""
         probs = self.continue_probs(prompt_ids, pilot_rewards, step)
-        return Continuation(pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "pilot")), probs)
+        return Continuation(pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "pilot")),
+                            probs)
 
     def completion_probs(self, advantages: torch.Tensor, lengths: torch.Tensor | None = None,
                          prompt_probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -320,37 +335,42 @@ class DPPOEstimator(PromptPruning):
         rolled-out prompts' ``prompt_probs``, default 1), at most ``completion_prune_rate``."""
         rate = self.completion_prune_rate
         if self.completion_target_ess is not None and rate > 0:
-            pi = torch.ones(advantages.shape[0], dtype=torch.float64) if prompt_probs is None else prompt_probs
+            pi = (torch.ones(advantages.shape[0], dtype=torch.float64) if prompt_probs is None
+                  else prompt_probs)
             rate = pruning.adaptive_rate(pi, self.completion_target_ess, rate,
                                          lambda r: self._completion_probs_at(advantages, lengths, r))
         return self._completion_probs_at(advantages, lengths, rate)
 
-    def _completion_probs_at(self, advantages: torch.Tensor, lengths: torch.Tensor | None, rate: float) -> torch.Tensor:
+    def _completion_probs_at(self, advantages: torch.Tensor, lengths: torch.Tensor | None,
+                             rate: float) -> torch.Tensor:
         if rate > 0 or (self.drop_zero_advantage and self.beta == 0):
             scheme = self.completion_scheme if rate > 0 else "proportional"
             return pruning.completion_keep_probs(
                 advantages, rate, scheme=scheme,
-                min_keep_prob=self.min_completion_keep_prob, beta=self.beta, drop_zero=self.drop_zero_advantage,
-                lengths=lengths, length_exponent=self.length_exponent)
+                min_keep_prob=self.min_completion_keep_prob, beta=self.beta,
+                drop_zero=self.drop_zero_advantage, lengths=lengths, length_exponent=self.length_exponent)
         return torch.ones(advantages.shape, dtype=torch.float64)
 
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
               rewards: torch.Tensor | None = None, lengths: torch.Tensor | None = None) -> Weighting:
         if selection is None:
             if self.prompt_prune_rate > 0:
-                raise ValueError("DPPOEstimator.weigh: prompts are pruned, so pass the step's Selection (its keep "
-                                 "probabilities and window are in the weights and the normaliser)")
+                raise ValueError("DPPOEstimator.weigh: prompts are pruned, so pass the step's Selection (its "
+                                 "keep probabilities and window are in the weights and the normaliser)")
             selection = full_selection(advantages.shape[0])
         if advantages.shape[0] == 0:  # every prompt pruned: nothing to train, the estimate is 0
             return Weighting(torch.zeros(advantages.shape, dtype=torch.bool),
-                             torch.zeros(advantages.shape, dtype=torch.float64), selection.window * advantages.shape[1])
+                             torch.zeros(advantages.shape, dtype=torch.float64),
+                             selection.window * advantages.shape[1])
         if self.needs_lengths and lengths is None:
-            raise ValueError("DPPOEstimator.weigh: completion_scheme='length' needs the completions' token counts "
-                             "(lengths=, shape (P, G)); pass them, or use completion_scheme='proportional'")
+            raise ValueError("DPPOEstimator.weigh: completion_scheme='length' needs the completions' token "
+                             "counts (lengths=, shape (P, G)); pass them, or use "
+                             "completion_scheme='proportional'")
         probs = self.completion_probs(advantages, lengths, selection.probs)
         # sorted designs order each group by its signed advantage: the kept set spans both signs
         keep = pruning.sample_keep(probs, pruning.step_generator(self.seed, step, "completions"),
-                                   self.fixed_size_sampling, design=self.fixed_size_design, order_key=advantages)
+                                   self.fixed_size_sampling, design=self.fixed_size_design,
+                                   order_key=advantages)
         weights = pruning.importance_weights(selection.probs, probs, keep)
         return Weighting(keep, weights, selection.window * advantages.shape[1])
 
@@ -371,10 +391,11 @@ class CPPOEstimator(Estimator):
 
 @dataclass(kw_only=True)
 class GRESOEstimator(PromptPruning):
-    """``greso`` (BIASED baseline): prompts whose last group was all-equal are skipped with probability r;
-    the rest train with weight 1 and normaliser P·G over the kept prompts only. With
-    ``greso_target_zero_variance`` set, GRESO's own rule instead: kept with max(p^z, 0.01) after z all-equal groups in
-    a row, p adapted each step toward that target (:func:`~dppo_core.biased_baselines.greso_streak_keep_probs`,
+    """``greso`` (BIASED baseline): prompts whose last group was all-equal are skipped with probability r; the
+    rest train with weight 1 and normaliser P·G over the kept prompts only. With
+    ``greso_target_zero_variance`` set, GRESO's own rule instead: kept with max(p^z, 0.01) after z all-equal
+    groups in a row, p adapted each step toward that target
+    (:func:`~dppo_core.biased_baselines.greso_streak_keep_probs`,
     :class:`~dppo_core.biased_baselines.GRESOExploration`)."""
 
     name: ClassVar[str] = "greso"
@@ -398,7 +419,8 @@ class GRESOEstimator(PromptPruning):
         return biased_baselines.greso_keep_probs(self.history, ids, self.prompt_prune_rate, step=step,
                                                  max_age=self.history_max_age)
 
-    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+    def observe(self, prompt_ids: list[str], rewards: torch.Tensor, advantages: torch.Tensor,
+                step: int) -> None:
         super().observe(prompt_ids, rewards, advantages, step)
         if self.exploration is not None:
             self.exploration.count(rewards)
@@ -409,7 +431,8 @@ class GRESOEstimator(PromptPruning):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if self.exploration is not None and "exploration" in state:  # the run's probabilities, this config's target
+        # the run's probabilities, this config's target
+        if self.exploration is not None and "exploration" in state:
             self.exploration = biased_baselines.GRESOExploration(
                 **{**state["exploration"], "target": self.exploration.target})
 
@@ -432,14 +455,15 @@ class PODSEstimator(Estimator):
     def weigh(self, advantages: torch.Tensor, selection: Selection | None = None, step: int = 0,
               rewards: torch.Tensor | None = None) -> Weighting:
         if rewards is None:
-            raise ValueError("PODSEstimator.weigh needs the step's rewards (rewards=...): it keeps the completions "
-                             "whose rewards vary most and recomputes their advantages")
+            raise ValueError("PODSEstimator.weigh needs the step's rewards (rewards=...): it keeps the "
+                             "completions whose rewards vary most and recomputes their advantages")
         p, g = advantages.shape
         m = min(g, self.num_kept(g))
         keep = biased_baselines.pods_keep(rewards, m) if p else torch.zeros(p, g, dtype=torch.bool)
         adv = torch.zeros(p, g, dtype=advantages.dtype)
         if p:
-            adv[keep] = group_advantages(torch.as_tensor(rewards)[keep].view(p, m), self.scale_rewards).flatten()
+            adv[keep] = group_advantages(torch.as_tensor(rewards)[keep].view(p, m),
+                                         self.scale_rewards).flatten()
         return Weighting(keep, keep.to(torch.float64), int(keep.sum()), advantages=adv)
 
 

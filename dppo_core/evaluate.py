@@ -1,8 +1,8 @@
 """Evaluation: accuracy on the embedded task per level, with its standard error.
 
-Accuracy is the share of completions whose final answer is the problem's, read by the training reward's own rule
-(:func:`dppo_core.rewards.math_rewards`, strict: the last ``\\boxed{}``, else ``#### N``, else "the answer is
-..."), so what a run is rewarded for and what its evaluation counts are the same. With k samples per
+Accuracy is the share of completions whose final answer is the problem's, read by the training reward's own
+rule (:func:`dppo_core.rewards.math_rewards`, strict: the last ``\\boxed{}``, else ``#### N``, else "the
+answer is ..."), so what a run is rewarded for and what its evaluation counts are the same. With k samples per
 problem it is pass@1 averaged over the k samples. The standard error treats problems as the sampling unit
 (samples of one problem are correlated): ``se = std(per-problem accuracy) / sqrt(n_problems)``.
 
@@ -94,8 +94,8 @@ def evaluate_task(
         problems: the problems to use; default: the first ``n_per_level`` test problems of every level.
         samples_per_problem: completions per problem (use > 1 with ``temperature > 0``).
         temperature: 0 for greedy decoding, 1 for the policy's own sampling distribution.
-        progress: show a progress bar where stderr is a terminal (problems are sent to the engine ``chunk_size``
-            at a time).
+        progress: show a progress bar where stderr is a terminal (problems are sent to the engine
+            ``chunk_size`` at a time).
         render: turns a problem's messages into the prompt (:func:`dppo_core.data.prompt_renderer`: a system
             prompt, solved examples); default: the problem's own one-message conversation.
     """
@@ -111,7 +111,8 @@ def evaluate_task(
         for start in range(0, len(problems), chunk_size):
             chunk = problems[start : start + chunk_size]
             # a distinct, reproducible seed per chunk, so results do not depend on the chunking alone
-            sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature, seed=seed * 1_000_003 + start)
+            sampling = SamplingConfig(max_tokens=max_tokens, temperature=temperature,
+                                      seed=seed * 1_000_003 + start)
             prompts = [render(p.messages()) if render else p.messages() for p in chunk]
             groups.extend(engine.generate(prompts, samples_per_problem, sampling).groups)
             bar.update(len(chunk))
@@ -119,7 +120,8 @@ def evaluate_task(
     steps: dict[int, list[float]] = {}
     completions = []
     rewards = iter(math_rewards([c.text for g in groups for c in g.completions],
-                                [str(p.answer) for p, g in zip(problems, groups, strict=True) for _ in g.completions]))
+                                [str(p.answer) for p, g in zip(problems, groups, strict=True)
+                                 for _ in g.completions]))
     for p, group in zip(problems, groups, strict=True):
         scores = []
         for c in group.completions:
@@ -209,14 +211,16 @@ class BenchmarkEvaluation:
     def table(self) -> str:
         """A fixed-width text table: one row per benchmark, then the average."""
         ks = self.ks
-        head = f"{'benchmark':<14} {'problems':>8} {'samples':>7} " + " ".join(f"{f'pass@{k}':>8}" for k in ks)
+        head = (f"{'benchmark':<14} {'problems':>8} {'samples':>7} "
+                + " ".join(f"{f'pass@{k}':>8}" for k in ks))
         lines = [head + f" {'± se':>6} {'tokens':>7} {'cut':>5}"]
         for r in self.results.values():
             cells = " ".join(f"{r.pass_at[k]:>8.3f}" if k in r.pass_at else f"{'-':>8}" for k in ks)
-            lines.append(f"{r.name:<14} {r.n_problems:>8} {r.samples_per_problem:>7} {cells} {r.stderr:>6.3f} "
-                         f"{r.mean_completion_tokens:>7.1f} {r.truncated_share:>5.2f}")
+            lines.append(f"{r.name:<14} {r.n_problems:>8} {r.samples_per_problem:>7} {cells} "
+                         f"{r.stderr:>6.3f} {r.mean_completion_tokens:>7.1f} {r.truncated_share:>5.2f}")
         if len(self.results) > 1:
-            lines.append(f"{'average':<14} {'':>8} {'':>7} " + " ".join(f"{self.average(k):>8.3f}" for k in ks))
+            lines.append(f"{'average':<14} {'':>8} {'':>7} "
+                         + " ".join(f"{self.average(k):>8.3f}" for k in ks))
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -234,8 +238,8 @@ def _scored_completions(name: str, chunk: Sequence, batch, reward_fn) -> list[di
     texts = [c.text for g in batch.groups for c in g.completions]
     answers = [r.answer for r, g in zip(chunk, batch.groups, strict=True) for _ in g.completions]
     scores = iter(reward_fn(texts, answers))
-    return [{"benchmark": name, "id": r.id, "answer": r.answer, "completion": comp.text, "reward": next(scores),
-             "tokens": comp.length, "finish_reason": comp.finish_reason}
+    return [{"benchmark": name, "id": r.id, "answer": r.answer, "completion": comp.text,
+             "reward": next(scores), "tokens": comp.length, "finish_reason": comp.finish_reason}
             for r, g in zip(chunk, batch.groups, strict=True) for comp in g.completions]
 
 
@@ -276,7 +280,8 @@ def evaluate_benchmarks(
 
     Args:
         engine: anything with ``generate(prompts, num_generations, sampling)`` returning a
-            :class:`~dppo_core.rollout.RolloutBatch` (:class:`~dppo_core.rollout.HFRollout`, or a vLLM engine).
+            :class:`~dppo_core.rollout.RolloutBatch` (:class:`~dppo_core.rollout.HFRollout`, or a vLLM
+            engine).
         benchmarks: name -> records (:class:`~dppo_core.benchmark_data.BenchmarkRecord`, from
             :func:`~dppo_core.benchmark_data.load_benchmark`). Each problem is sent as one chat user message.
         samples_per_problem: n samples per problem; pass@1 is the mean over them. Every k in ``ks`` must be
@@ -284,10 +289,11 @@ def evaluate_benchmarks(
         chunk_size: problems per ``generate`` call (the progress bar advances per chunk).
         reward_fn: ``fn(completions, answers) -> list[float]``; default :func:`dppo_core.rewards.math_rewards`
             with ``extraction``.
-        extraction: how the default reward finds a completion's answer (:func:`dppo_core.grading.extract_answer`):
-            ``"lenient"`` (default: the boxed answer, else the final answer stated in the last sentence or
-            display, as math-verify finds it) or ``"strict"`` (the RL reward's: boxed, ``####`` or "the answer
-            is"). Recorded in ``settings["extraction"]`` (``"custom"`` with a ``reward_fn``).
+        extraction: how the default reward finds a completion's answer
+            (:func:`dppo_core.grading.extract_answer`): ``"lenient"`` (default: the boxed answer, else the
+            final answer stated in the last sentence or display, as math-verify finds it) or ``"strict"`` (the
+            RL reward's: boxed, ``####`` or "the answer is"). Recorded in ``settings["extraction"]``
+            (``"custom"`` with a ``reward_fn``).
     """
     import functools
 
@@ -310,7 +316,8 @@ def evaluate_benchmarks(
                 "extraction": extraction if reward_fn is None else "custom"}
     reward_fn = reward_fn or functools.partial(math_rewards, mode=extraction)
     total = sum(len(records) for records in benchmarks.values())
-    bar = tqdm(total=total, desc="eval", unit="problem", disable=None if progress else True)  # None: on a terminal
+    # None: on a terminal
+    bar = tqdm(total=total, desc="eval", unit="problem", disable=None if progress else True)
     results: dict[str, BenchmarkResult] = {}
     completions: list[dict] = []
     for name, records in benchmarks.items():
@@ -343,7 +350,8 @@ def evaluate_benchmarks(
 
 def evaluate_policy(config: DPPOConfig, engine: Any, step: int, benchmarks: Sequence[str] = (),
                     benchmark_limit: int | None = None, progress: bool = False) -> dict[str, Any]:
-    """Greedy and sampled held-out accuracy of the policy behind ``engine``: the record a run logs at ``step``.
+    """Greedy and sampled held-out accuracy of the policy behind ``engine``: the record a run logs at
+    ``step``.
 
     The embedded task (``config.task == "arithmetic"``): the first ``eval_problems_per_level`` test problems
     of every level in ``eval_levels`` (default ``train_levels``), greedy (one sample) and at T=1
@@ -405,7 +413,8 @@ def _benchmark_record(config: DPPOConfig, engine: Any, step: int, benchmarks: Se
         ev = evaluate_benchmarks(engine, data, samples_per_problem=samples, temperature=temperature,
                                  max_tokens=config.max_completion_length, seed=config.seed, progress=progress)
         record[f"{kind}_accuracy"] = ev.average(1)
-        record[f"{kind}_stderr"] = math.sqrt(sum(r.stderr ** 2 for r in ev.results.values())) / len(ev.results)
+        record[f"{kind}_stderr"] = (math.sqrt(sum(r.stderr ** 2 for r in ev.results.values()))
+                                    / len(ev.results))
         for name, r in ev.results.items():
             record[f"{kind}_{name}"] = r.pass_at_1
             record[f"{kind}_{name}_stderr"] = r.stderr

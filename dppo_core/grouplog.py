@@ -1,21 +1,21 @@
-"""``groups.jsonl``: every rolled-out group of every step, compactly, so that what pruning could have saved can be
-computed from a run's own files (:mod:`dppo_core.tools.bench.ceiling`), predictors of informative groups compared
-offline (``benchmarks/predictors.py``), and the persistence of a run's all-equal groups measured (:func:`persistence`:
-what pruning prompts by their history can see).
+"""``groups.jsonl``: every rolled-out group of every step, compactly, so that what pruning could have saved
+can be computed from a run's own files (:mod:`dppo_core.tools.bench.ceiling`), predictors of informative
+groups compared offline (``benchmarks/predictors.py``), and the persistence of a run's all-equal groups
+measured (:func:`persistence`: what pruning prompts by their history can see).
 
 One line per step that rolled something out::
 
     {"step": 3, "window": 64, "ids": ["L2:3+4", ...], "pi": [0.53, ...],
      "rewards": [[1, 0, 1, 1, 0, 0, 1, 1], ...], "lengths": [[17, 22, ...], ...]}
 
-(with a pilot, ``"stopped"`` holds the groups stopped after their pilot in the same form, k rewards each; the rows
-above are the groups trained on, G each).
+(with a pilot, ``"stopped"`` holds the groups stopped after their pilot in the same form, k rewards each; the
+rows above are the groups trained on, G each).
 
-``step`` is the step's number as in ``metrics.jsonl`` (counted after the step), ``window`` the candidate prompts
-the step's objective is over, and per rolled-out group (in the rollout's order) its prompt id
-(:func:`dppo_core.data.prompt_key`), its inclusion probability π_q, its G rewards (integers where integral, else
-rounded to 6 significant digits) and its G completion lengths in tokens. Written by rank 0 only; a resumed run
-drops the lines of steps it runs again, like the other logs.
+``step`` is the step's number as in ``metrics.jsonl`` (counted after the step), ``window`` the candidate
+prompts the step's objective is over, and per rolled-out group (in the rollout's order) its prompt id
+(:func:`dppo_core.data.prompt_key`), its inclusion probability π_q, its G rewards (integers where integral,
+else rounded to 6 significant digits) and its G completion lengths in tokens. Written by rank 0 only; a
+resumed run drops the lines of steps it runs again, like the other logs.
 """
 
 from __future__ import annotations
@@ -38,23 +38,25 @@ def _number(x: float) -> float | int:
 def group_record(step: int, window: int, ids: Sequence[str], probs: torch.Tensor, rewards: torch.Tensor,
                  lengths: torch.Tensor, stopped: tuple | None = None) -> dict[str, Any]:
     """One step's line: ``rewards`` and ``lengths`` of shape (len(ids), G), ``probs`` of shape (len(ids),).
-    ``stopped`` (a pilot's): the groups stopped after their pilot, as (ids, π, rewards, lengths) of k columns, kept
-    under the line's ``"stopped"`` in the same form (``ids``, ``pi``, ``rewards``, ``lengths``)."""
+    ``stopped`` (a pilot's): the groups stopped after their pilot, as (ids, π, rewards, lengths) of k columns,
+    kept under the line's ``"stopped"`` in the same form (``ids``, ``pi``, ``rewards``, ``lengths``)."""
     if rewards.shape != lengths.shape or rewards.shape[0] != len(ids) or len(probs) != len(ids):
-        raise ValueError(f"{len(ids)} ids, {len(probs)} probabilities, rewards {tuple(rewards.shape)} and lengths "
-                         f"{tuple(lengths.shape)}: one row per id, rewards and lengths of the same (P, G) shape")
+        raise ValueError(f"{len(ids)} ids, {len(probs)} probabilities, rewards {tuple(rewards.shape)} and "
+                         f"lengths {tuple(lengths.shape)}: one row per id, rewards and lengths of the same "
+                         "(P, G) shape")
     line = {"step": int(step), "window": int(window), "ids": [str(i) for i in ids],
             "pi": [_number(p) for p in probs.tolist()],
             "rewards": [[_number(r) for r in row] for row in rewards.tolist()],
             "lengths": [[int(n) for n in row] for row in lengths.tolist()]}
     if stopped is not None:
-        line["stopped"] = {k: v for k, v in group_record(step, window, *stopped).items() if k not in ("step", "window")}
+        line["stopped"] = {k: v for k, v in group_record(step, window, *stopped).items()
+                           if k not in ("step", "window")}
     return line
 
 
 def read_groups(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of a ``groups.jsonl`` (or of ``DIR/groups.jsonl`` given a run directory), in step order; a line
-    cut off by a crash is skipped. A missing file raises :class:`FileNotFoundError` naming it."""
+    """The lines of a ``groups.jsonl`` (or of ``DIR/groups.jsonl`` given a run directory), in step order; a
+    line cut off by a crash is skipped. A missing file raises :class:`FileNotFoundError` naming it."""
     path = Path(path)
     if path.is_dir():
         path = path / FILENAME
@@ -65,7 +67,8 @@ def read_groups(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a run's ``.jsonl`` log; a line cut off by a crash (or anything not an object) is skipped."""
+    """The JSON objects of a run's ``.jsonl`` log; a line cut off by a crash (or anything not an object) is
+    skipped."""
     out = []
     for line in path.read_text().splitlines():
         try:
@@ -84,12 +87,13 @@ def informative(rewards: Sequence[float]) -> bool:
 
 @dataclass(frozen=True)
 class Persistence:
-    """How far a prompt's last group tells whether its next one will be all-equal: what prompt pruning from history
-    can see in a run. Counts over a group log; the ratios are None where their denominator is 0.
+    """How far a prompt's last group tells whether its next one will be all-equal: what prompt pruning from
+    history can see in a run. Counts over a group log; the ratios are None where their denominator is 0.
 
-    A *transition* is a group whose prompt was rolled out before in the log, paired with that prompt's previous group
-    (whatever step it was in). A group is all-equal when its G rewards are all equal (:func:`informative` is False);
-    all-solved / all-unsolved when they all equal the ``solved`` / ``unsolved`` reward given to :func:`persistence`.
+    A *transition* is a group whose prompt was rolled out before in the log, paired with that prompt's
+    previous group (whatever step it was in). A group is all-equal when its G rewards are all equal
+    (:func:`informative` is False); all-solved / all-unsolved when they all equal the ``solved`` /
+    ``unsolved`` reward given to :func:`persistence`.
     """
 
     groups: int  #: groups in the log (every rolled-out group)
@@ -118,8 +122,8 @@ class Persistence:
 
     @property
     def share_equal_with_equal_previous(self) -> float | None:
-        """Of the all-equal groups that have a previous group, the share whose previous group was all-equal too (the
-        all-equal groups history could have flagged)."""
+        """Of the all-equal groups that have a previous group, the share whose previous group was all-equal
+        too (the all-equal groups history could have flagged)."""
         equal = self.equal_after_equal + self.equal_after_mixed
         return self.equal_after_equal / equal if equal else None
 
@@ -143,15 +147,16 @@ def persistence(records: Iterable[dict[str, Any]], *, solved: float = 1.0, unsol
     """The persistence of all-equal groups in a group log: :class:`Persistence`'s counts and ratios.
 
     Args:
-        records: the lines of a ``groups.jsonl`` (:func:`read_groups`), in step order; within a line, groups in the
-            rollout's order. Any method's log will do; a pruned run's shows only the groups it rolled out.
+        records: the lines of a ``groups.jsonl`` (:func:`read_groups`), in step order; within a line, groups
+            in the rollout's order. Any method's log will do; a pruned run's shows only the groups it rolled
+            out.
         solved: the reward of a completion that solved its prompt (the embedded task's accuracy reward: 1).
         unsolved: the reward of one that did not (0).
         keep: count only the prompts whose id it accepts (e.g. ``lambda i: i.startswith("L3:")`` for level 3).
 
     The three figures DPPO's prompt stage lives on are :attr:`Persistence.p_equal_after_equal`,
-    :attr:`Persistence.p_equal_after_mixed` and :attr:`Persistence.share_equal_with_equal_previous`; a prompt's first
-    group has no previous one and enters only the shares of groups and prompts.
+    :attr:`Persistence.p_equal_after_mixed` and :attr:`Persistence.share_equal_with_equal_previous`; a
+    prompt's first group has no previous one and enters only the shares of groups and prompts.
     """
     last: dict[str, bool] = {}  # prompt id -> was its last group all-equal
     outcome: dict[str, set[str]] = {}  # prompt id -> kinds of its groups
@@ -175,4 +180,5 @@ def persistence(records: Iterable[dict[str, Any]], *, solved: float = 1.0, unsol
     return Persistence(**n, prompts=len(outcome),
                        prompts_always_solved=sum(k == {"all_solved"} for k in outcome.values()),
                        prompts_never_solved=sum(k == {"all_unsolved"} for k in outcome.values()),
-                       prompts_between=sum(k not in ({"all_solved"}, {"all_unsolved"}) for k in outcome.values()))
+                       prompts_between=sum(k not in ({"all_solved"}, {"all_unsolved"})
+                                           for k in outcome.values()))

@@ -12,24 +12,25 @@ Per token t of completion (q,i), with ratio rho = pi_theta / pi_old:
 and the step's loss over a batch B of candidate prompts, each completion multiplied by its weight w:
 
     grpo:     L = (1 / (|B| G))        sum_{q,i} w_{q,i} * mean_t l_t
-    dr_grpo:  L = (1 / (|B| G L_max))  sum_{q,i} w_{q,i} * sum_t l_t   (Dr. GRPO also needs scale_rewards="none")
+    dr_grpo:  L = (1 / (|B| G L_max))  sum_{q,i} w_{q,i} * sum_t l_t
+              (Dr. GRPO also needs scale_rewards="none")
     dapo:     L = (1 / sum_{q,i} T_{q,i}) sum_{q,i} w_{q,i} * sum_t l_t
 
-The weight is 1 for GRPO and 1 / (pi_q p_{q,i}) for DPPO's kept completions. For ``grpo`` and
-``dr_grpo`` the normaliser is a constant given by the caller (``num_sequences`` = |B| G, the full
-candidate batch, not the number of sequences present), so a pruned, reweighted sum is an unbiased
-estimate of the full-batch loss and its gradient at parameters fixed before the draw (with ``group`` or
-``none`` advantage scaling; ``batch`` only without prompt pruning; docs/estimator.md). ``dapo`` divides by
-a token count: the trainer passes the tokens of every rolled-out completion (kept or pruned), so
-completion pruning leaves it unbiased; the token count
-of prompts pruned before rollout is unknown, so under prompt pruning the loss would be a ratio estimator
-about 1 / mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination.
-(Dividing by the kept tokens only would inflate the loss by 1 / kept share.)
+The weight is 1 for GRPO and 1 / (pi_q p_{q,i}) for DPPO's kept completions. For ``grpo`` and ``dr_grpo`` the
+normaliser is a constant given by the caller (``num_sequences`` = |B| G, the full candidate batch, not the
+number of sequences present), so a pruned, reweighted sum is an unbiased estimate of the full-batch loss and
+its gradient at parameters fixed before the draw (with ``group`` or ``none`` advantage scaling; ``batch`` only
+without prompt pruning; docs/estimator.md). ``dapo`` divides by a token count: the trainer passes the tokens
+of every rolled-out completion (kept or pruned), so completion pruning leaves it unbiased; the token count of
+prompts pruned before rollout is unknown, so under prompt pruning the loss would be a ratio estimator about 1
+/ mean(π) too large, and :class:`~dppo_core.config.DPPOConfig` refuses that combination. (Dividing by the kept
+tokens only would inflate the loss by 1 / kept share.)
 
 With an engine other than the training model (vLLM), each token's whole ``l_t``, the KL term included, is also
-multiplied by the engine weight ``min(pi_old / mu, C)`` (``token_weights``; :func:`truncated_importance_weights`),
-which corrects for the engine sampling from its own copy mu of the policy: the k3 term is an average over the
-sampled tokens as much as the surrogate is (docs/estimator.md, "The three weights").
+multiplied by the engine weight ``min(pi_old / mu, C)`` (``token_weights``;
+:func:`truncated_importance_weights`), which corrects for the engine sampling from its own copy mu of the
+policy: the k3 term is an average over the sampled tokens as much as the surrogate is (docs/estimator.md, "The
+three weights").
 
 Departures from TRL's GRPOTrainer, and why:
 1. The normaliser is explicit (``num_sequences``, ``max_completion_length``, ``num_tokens``) instead of
@@ -59,9 +60,11 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     if rewards.numel() == 0:  # no group (every prompt pruned): nothing to centre
         return rewards.clone()
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    # a group whose rewards are all equal has A = 0 exactly: its float32 mean can miss a value such as 3.7 or 0.1 by
-    # a rounding, which would give every completion the same small advantage (and a keep probability, a gradient)
-    centred = torch.where(rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True), 0.0, centred)
+    # a group whose rewards are all equal has A = 0 exactly: its float32 mean can miss a value such as 3.7 or
+    # 0.1 by a rounding, which would give every completion the same small advantage (and a keep probability, a
+    # gradient)
+    centred = torch.where(rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True), 0.0,
+                          centred)
     if scale_rewards == "group":
         return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
     if scale_rewards == "batch":
@@ -106,9 +109,9 @@ def policy_loss(
         max_completion_length: L_max for ``dr_grpo``; default T.
         num_tokens: the token count to divide by for ``dapo`` (all micro-batches of the step); default
             the tokens in this micro-batch.
-        token_weights: (N, T) detached per-token factors of the loss, the surrogate and the KL term alike, e.g.
-            the engine weights of :func:`truncated_importance_weights`; None means all ones (the engine is the
-            policy).
+        token_weights: (N, T) detached per-token factors of the loss, the surrogate and the KL term alike,
+            e.g. the engine weights of :func:`truncated_importance_weights`; None means all ones (the engine
+            is the policy).
 
     Returns the scalar loss and detached statistics (``clip_fraction``, ``kl``, ``ratio_mean``), each a
     token mean over this micro-batch.
@@ -171,7 +174,8 @@ def truncated_importance_weights(logp_train: torch.Tensor, logp_engine: torch.Te
     the variance at the price of a bias where the engine under-samples a token:
 
     .. math:: w_t = \\min\\bigl(\\exp(\\log\\pi_t - \\log\\mu_t),\\ C\\bigr)   (``level="token"``)
-    .. math:: w = \\min\\bigl(\\exp(\\textstyle\\sum_t \\log\\pi_t - \\log\\mu_t),\\ C\\bigr)   (``level="sequence"``)
+    .. math:: w = \\min\\bigl(\\exp(\\textstyle\\sum_t \\log\\pi_t - \\log\\mu_t),\\ C\\bigr)
+       (``level="sequence"``)
 
     The sequence weight makes a whole completion's draw one from :math:`\\pi` (exact below ``C``); the token
     weight corrects each token's draw given a prefix that the engine sampled, the frameworks' default (lower
@@ -194,10 +198,12 @@ def truncated_importance_weights(logp_train: torch.Tensor, logp_engine: torch.Te
         raise ValueError(f"logp_train {tuple(logp_train.shape)} and logp_engine {tuple(logp_engine.shape)} "
                          "must have the same shape (one entry per sampled token)")
     if cap < 1:
-        raise ValueError(f"cap must be >= 1 (weights below 1 would be clipped to below the on-policy value), got {cap}")
+        raise ValueError("cap must be >= 1 (weights below 1 would be clipped to below the on-policy value), "
+                         f"got {cap}")
     if level not in ("token", "sequence"):
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    dtype = torch.promote_types(logp_train.dtype, torch.float32)  # at least float32 (bf16 log-probs), float64 kept
+    # at least float32 (bf16 log-probs), float64 kept
+    dtype = torch.promote_types(logp_train.dtype, torch.float32)
     log_ratio = logp_train.detach().to(dtype) - logp_engine.detach().to(dtype)
     if level == "sequence":
         m = torch.ones_like(log_ratio) if mask is None else mask.to(log_ratio)

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-#: A fitted prior needs at least this many prompts seen; with fewer, :meth:`PromptHistory.fitted_prior` is uniform.
+#: A fitted prior needs at least this many prompts seen; with fewer, :meth:`PromptHistory.fitted_prior` is
+#: uniform.
 MIN_PRIOR_GROUPS = 20
 
 
@@ -26,16 +27,20 @@ class PromptRecord:
     mean_abs_advantage: float
     step: int
     seen: int = 1
-    successes: float | None = None  # decayed evidence on the success rate, as of ``step`` (None: an old record)
+    successes: float | None = None  # decayed evidence on the success rate, as of ``step`` (None: an old
+                                    # record)
     failures: float | None = None
-    size: int | None = None  # the group's rewards: G, or k for a pilot stopped after k (None: an old record, G)
-    streak: int | None = None  # consecutive all-equal groups of one value ending with this one (0: it was mixed)
-    outside_unit_at: int | None = None  # the step of the first group in this evidence with a reward outside [0, 1]
+    size: int | None = None  # the group's rewards: G, or k for a pilot stopped after k (None: an old record,
+                             # G)
+    streak: int | None = None  # consecutive all-equal groups of one value ending with this one (0: it was
+                               # mixed)
+    outside_unit_at: int | None = None  # the step of the first group in this evidence with a reward outside
+                                        # [0, 1]
 
     @property
     def equal_streak(self) -> int:
-        """How many groups in a row, ending with the last, were all equal at the same reward (0 after a mixed one;
-        a record from before streaks were kept counts its last group only)."""
+        """How many groups in a row, ending with the last, were all equal at the same reward (0 after a mixed
+        one; a record from before streaks were kept counts its last group only)."""
         return self.streak if self.streak is not None else int(self.degenerate)
 
     @property
@@ -46,9 +51,9 @@ class PromptRecord:
 
 @functools.lru_cache(maxsize=16)
 def _beta_binomial_grid(group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:meth:`PromptHistory.fitted_prior`'s grid of (a, b) and log P(k | a, b) under Beta-binomial(G, a, b), k = 0..G,
-    without the binomial coefficient (constant in a, b). The same for every call with this G: computed once (read,
-    never written, by the callers)."""
+    """:meth:`PromptHistory.fitted_prior`'s grid of (a, b) and log P(k | a, b) under Beta-binomial(G, a, b),
+    k = 0..G, without the binomial coefficient (constant in a, b). The same for every call with this G:
+    computed once (read, never written, by the callers)."""
     grid = torch.logspace(math.log10(0.02), math.log10(50.0), 80, dtype=torch.float64)
     a, b, k = grid[:, None, None], grid[None, :, None], torch.arange(group_size + 1, dtype=torch.float64)
     log_p = (torch.lgamma(k + a) + torch.lgamma(group_size - k + b) - torch.lgamma(group_size + a + b)
@@ -64,9 +69,9 @@ class PromptHistory:
     record of each prompt wins, so every rank ends with the same history).
 
     Besides the last group, each record carries the evidence of every group so far on the prompt's success
-    rate (``successes``, ``failures``: G x mean reward and G x (1 - mean reward), rewards clipped into [0, 1]),
-    each group's evidence discounted by 2^(-age / ``half_life``) steps as the policy moves (``half_life``
-    None: no discount). :func:`~dppo_core.posterior.posterior_scores` reads it.
+    rate (``successes``, ``failures``: G x mean reward and G x (1 - mean reward), rewards clipped into
+    [0, 1]), each group's evidence discounted by 2^(-age / ``half_life``) steps as the policy moves
+    (``half_life`` None: no discount). :func:`~dppo_core.posterior.posterior_scores` reads it.
     """
 
     def __init__(self, records: dict[str, PromptRecord] | None = None, half_life: float | None = None):
@@ -87,15 +92,16 @@ class PromptHistory:
         """Record each prompt's group: ``rewards`` and ``advantages`` have shape (len(prompt_ids), G).
 
         ``max_age``: a record last updated more than this many steps ago is stale (read as unseen by
-        :meth:`score` and :func:`~dppo_core.posterior.posterior_scores`), so its evidence is dropped and the new
-        group starts afresh.
+        :meth:`score` and :func:`~dppo_core.posterior.posterior_scores`), so its evidence is dropped and the
+        new group starts afresh.
         """
         rewards = torch.as_tensor(rewards, dtype=torch.float64)
         advantages = torch.as_tensor(advantages, dtype=torch.float64)
         if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids) or advantages.shape != rewards.shape:
-            raise ValueError(f"rewards {tuple(rewards.shape)} and advantages {tuple(advantages.shape)} must both "
-                             f"have shape ({len(prompt_ids)}, G), one row per prompt id")
-        # which groups had a reward outside [0, 1] (the posterior's evidence clips it: check_pass_rates refuses it)
+            raise ValueError(f"rewards {tuple(rewards.shape)} and advantages {tuple(advantages.shape)} must "
+                             f"both have shape ({len(prompt_ids)}, G), one row per prompt id")
+        # which groups had a reward outside [0, 1] (the posterior's evidence clips it: check_pass_rates
+        # refuses it)
         outside_rows = ((rewards < -1e-9) | (rewards > 1 + 1e-9)).any(dim=1).tolist()
         for pid, r, a, out_of_range in zip(prompt_ids, rewards, advantages, outside_rows, strict=True):
             prev = self.records.get(pid)
@@ -133,29 +139,33 @@ class PromptHistory:
         return rec.mean_abs_advantage
 
     def pass_counts(self, group_size: int) -> torch.Tensor:
-        """How many prompts' last groups of ``group_size`` rewards had k = 0..G passes (G x the mean reward, rounded;
-        rewards in [0, 1]); records of another size (a stopped pilot's k) are :meth:`pass_count_table`'s."""
-        return self.pass_count_table(group_size).get(group_size, torch.zeros(group_size + 1, dtype=torch.float64))
+        """How many prompts' last groups of ``group_size`` rewards had k = 0..G passes (G x the mean reward,
+        rounded; rewards in [0, 1]); records of another size (a stopped pilot's k) are
+        :meth:`pass_count_table`'s."""
+        return self.pass_count_table(group_size).get(group_size,
+                                                     torch.zeros(group_size + 1, dtype=torch.float64))
 
     def pass_count_table(self, group_size: int) -> dict[int, torch.Tensor]:
-        """Per group size n, how many prompts' last groups of n rewards had 0..n passes: n is G for a whole group
-        (and for a record written before the size was kept), k for a pilot stopped after its k equal rewards, which
-        is k trials' evidence, not G's."""
+        """Per group size n, how many prompts' last groups of n rewards had 0..n passes: n is G for a whole
+        group (and for a record written before the size was kept), k for a pilot stopped after its k equal
+        rewards, which is k trials' evidence, not G's."""
         by_size: dict[int, list[int]] = {}
         for r in self.records.values():
             n = r.size or group_size
             by_size.setdefault(n, []).append(round(n * min(1.0, max(0.0, r.mean_reward))))
-        return {n: torch.bincount(torch.tensor(ks, dtype=torch.long), minlength=n + 1)[: n + 1].to(torch.float64)
+        return {n: torch.bincount(torch.tensor(ks, dtype=torch.long),
+                                  minlength=n + 1)[: n + 1].to(torch.float64)
                 for n, ks in sorted(by_size.items())}
 
     def fitted_prior(self, group_size: int) -> tuple[float, float]:
         """A Beta(a, b) prior on a prompt's success rate fitted to the pool: the maximum marginal likelihood
-        (Beta-binomial) of every seen prompt's last pass count out of its group's size (:meth:`pass_count_table`:
-        G, or k for a stopped pilot), on a log grid over a, b in [0.02, 50] (empirical Bayes). Real pools are J- or
-        U-shaped (many prompts solved always or never), which a uniform prior cannot say: after one 8/8 group
-        Beta(1, 1) still puts P(the next group is mixed) at 0.47, where a pool like that has about 0.2. Uniform
-        (1, 1) while fewer than :data:`MIN_PRIOR_GROUPS` prompts have been seen. The fit reads only groups already
-        rolled out, so a keep probability built on it is still fixed before the step's draw."""
+        (Beta-binomial) of every seen prompt's last pass count out of its group's size
+        (:meth:`pass_count_table`: G, or k for a stopped pilot), on a log grid over a, b in [0.02, 50]
+        (empirical Bayes). Real pools are J- or U-shaped (many prompts solved always or never), which a
+        uniform prior cannot say: after one 8/8 group Beta(1, 1) still puts P(the next group is mixed) at
+        0.47, where a pool like that has about 0.2. Uniform (1, 1) while fewer than :data:`MIN_PRIOR_GROUPS`
+        prompts have been seen. The fit reads only groups already rolled out, so a keep probability built on
+        it is still fixed before the step's draw."""
         table = self.pass_count_table(group_size)
         if sum(float(c.sum()) for c in table.values()) < MIN_PRIOR_GROUPS:
             return 1.0, 1.0
@@ -179,7 +189,8 @@ class PromptHistory:
         try:
             return cls({k: PromptRecord(**v) for k, v in state["records"].items()}, half_life=half_life)
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a PromptHistory state (expected {{'records': {{id: record}}}}): {exc}") from exc
+            raise ValueError(f"not a PromptHistory state (expected {{'records': {{id: record}}}}): "
+                             f"{exc}") from exc
 
     @classmethod
     def merge(cls, histories: Iterable[PromptHistory]) -> PromptHistory:

@@ -29,7 +29,8 @@ class Sequences:
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     advantages: torch.Tensor  # (N,)
-    weights: torch.Tensor  # (N,) float64: 1 for GRPO; 1 / keep probability for DPPO (cast to the loss's dtype)
+    weights: torch.Tensor  # (N,) float64: 1 for GRPO; 1 / keep probability for DPPO (cast to the loss's
+                           # dtype)
     num_sequences: int  # |B| G: the normaliser of grpo / dr_grpo (the full candidate batch)
     pruned_tokens: int = 0  # completion tokens rolled out but not trained on
     origin: list[tuple[int, int]] | None = None  # (group, completion) in the rollout batch of each sequence
@@ -61,12 +62,14 @@ class Sequences:
 
     @property
     def global_rolled_out_tokens(self) -> int:
-        return self.rolled_out_tokens if self.total_rolled_out_tokens is None else self.total_rolled_out_tokens
+        return (self.rolled_out_tokens if self.total_rolled_out_tokens is None
+                else self.total_rolled_out_tokens)
 
 
 def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    """The engine's log-probs of micro-batch ``idx``'s tokens laid out like its ``(logprobs, mask)``: (N, T), row i
-    holding sequence ``idx[i]``'s tokens from column 0, zeros on padding; float32, or ``like``'s float64."""
+    """The engine's log-probs of micro-batch ``idx``'s tokens laid out like its ``(logprobs, mask)``: (N, T),
+    row i holding sequence ``idx[i]``'s tokens from column 0, zeros on padding; float32, or ``like``'s
+    float64."""
     if seqs.engine_logprobs is None:
         raise ValueError("these Sequences carry no engine log-probs; build them from a RolloutBatch "
                          "(DPPOTrainer.sequences) to correct for the engine")
@@ -75,20 +78,21 @@ def engine_logprob_grid(seqs: Sequences, idx: Sequence[int], like: torch.Tensor)
         lp = seqs.engine_logprobs[i]
         if len(lp) != len(seqs.completion_ids[i]):
             raise ValueError(f"the rollout engine gave {len(lp)} log-probs for a completion of "
-                             f"{len(seqs.completion_ids[i])} tokens; rollout_correction needs one per token (fix the "
-                             "engine, or set rollout_correction: off)")
+                             f"{len(seqs.completion_ids[i])} tokens; rollout_correction needs one per token "
+                             "(fix the engine, or set rollout_correction: off)")
         grid[row, : len(lp)] = torch.tensor(lp, dtype=grid.dtype)
     return grid.to(like.device)
 
 
-def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Sequence[int], old_logprobs: torch.Tensor,
-                   mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def engine_weights(config: DPPOConfig, level: str, seqs: Sequences, idx: Sequence[int],
+                   old_logprobs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """The rollout correction of micro-batch ``idx``: weights min(π_old/μ, C) per token (or per sequence, by
-    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log μ|).
-    They multiply each token's whole loss, the KL term's included (``policy_loss(token_weights=)``)."""
+    ``level``), and their sums for the step's log (weight and truncated tokens summed, max |log π_old − log
+    μ|). They multiply each token's whole loss, the KL term's included (``policy_loss(token_weights=)``)."""
     engine = engine_logprob_grid(seqs, idx, old_logprobs)
     m = mask.bool()
-    w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level, mask=mask)
+    w = truncated_importance_weights(old_logprobs, engine, config.rollout_correction_cap, level=level,
+                                     mask=mask)
     w = torch.where(m, w, torch.ones_like(w))  # padding: 1 (its loss is masked anyway, and stays finite)
     diff = (old_logprobs.detach().to(engine.dtype) - engine).abs()[m]
     return w, {"engine_weight_sum": w[m].sum().item(),
@@ -109,7 +113,8 @@ def completion_logprobs_with_grad(model: torch.nn.Module, prompt_ids: Sequence[S
     t_max = max(len(c) for c in completion_ids)
     ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)  # (N, L)
     attn = torch.zeros_like(ids)
-    gather_pos = torch.zeros((len(lengths), t_max), dtype=torch.long)  # (N, T) positions predicting each token
+    # (N, T) positions predicting each token
+    gather_pos = torch.zeros((len(lengths), t_max), dtype=torch.long)
     targets = torch.full((len(lengths), t_max), pad_id, dtype=torch.long)
     mask = torch.zeros((len(lengths), t_max))
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
@@ -119,7 +124,8 @@ def completion_logprobs_with_grad(model: torch.nn.Module, prompt_ids: Sequence[S
         gather_pos[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
         targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
         mask[i, : len(c)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits  # (N, L, V)
+    # (N, L, V)
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits
     picked = logits.gather(1, gather_pos.to(device)[..., None].expand(-1, -1, logits.shape[-1]))  # (N, T, V)
     return token_logprobs(picked, targets.to(device), temperature), mask.to(device)
 
@@ -129,8 +135,8 @@ Forward = Callable[[torch.nn.Module, int], tuple[torch.Tensor, torch.Tensor]]
 
 def layout_micro_batches(seqs: Sequences, config: DPPOConfig, pad_id: int,
                          segments: bool = False) -> tuple[list[list[int]], Forward, dict[str, float]]:
-    """Split ``seqs`` into micro-batches: their indices, a forward ``f(model, k)`` giving ``(logprobs, mask)`` of
-    micro-batch k, and layout stats (rows, token-slot capacity, density, padding avoided).
+    """Split ``seqs`` into micro-batches: their indices, a forward ``f(model, k)`` giving ``(logprobs, mask)``
+    of micro-batch k, and layout stats (rows, token-slot capacity, density, padding avoided).
 
     Padded (default): ``micro_batch_size`` sequences per micro-batch, sorted by length so that neighbours
     waste little padding. Packed (``packing: true``): whole sequences back to back in rows of at most
@@ -160,7 +166,8 @@ def layout_micro_batches(seqs: Sequences, config: DPPOConfig, pad_id: int,
                                  "update_density": real / max(1, padded_capacity), "padding_avoided": 0}
     from dppo_core.packing import PackSequence, pack_micro_batches, packed_completion_logprobs
 
-    items = [PackSequence(list(p), list(q), 1.0) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
+    items = [PackSequence(list(p), list(q), 1.0)
+             for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
     packed = pack_micro_batches(items, c.max_tokens_per_row, c.packing_rows_per_micro_batch,
                                 window=c.packing_window, oversize="own_row", pad_id=pad_id)
 
@@ -181,7 +188,8 @@ def _shared_prefix_layout(seqs: Sequences, c: DPPOConfig, pad_id: int, real: int
     from dppo_core.packing import PackSequence
     from dppo_core.shared_prefix import shared_prefix_logprobs, shared_prefix_micro_batches
 
-    items = [PackSequence(list(p), list(q), 1.0) for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
+    items = [PackSequence(list(p), list(q), 1.0)
+             for p, q in zip(seqs.prompt_ids, seqs.completion_ids, strict=True)]
     if segments:  # segment attention: one unpadded row per micro-batch, of the tokens a micro-batch holds
         budget = (c.max_tokens_per_row * c.packing_rows_per_micro_batch if c.packing
                   else math.ceil(real / max(1, len(seqs)) * c.micro_batch_size))  # micro_batch_size sequences

@@ -1,11 +1,12 @@
 """The schema of ``metrics.jsonl``: every key a step's line may hold, and what it means.
 
-One line per step (:meth:`dppo_core.trainer.DPPOTrainer.train_step`; written by :meth:`dppo_core.run.Run.train`), plus
-the lines of events (``"event": "prefilter"``, the offline filter's pass over the pool before the first step). A line
-holds the keys of :data:`STEP` that apply to its step: a step that trains nothing (``skipped``) has no update
-statistics beyond zeros, the rollout correction's keys appear only when it is on, the keys of :data:`PLAN_KEYS`
-only under the plan that writes them. ``reward_<name>`` is one key per reward function. Torch-free: tools that read
-the logs (``dppo advise``, the bench's summaries) can import it without the trainer.
+One line per step (:meth:`dppo_core.trainer.DPPOTrainer.train_step`; written by
+:meth:`dppo_core.run.Run.train`), plus the lines of events (``"event": "prefilter"``, the offline filter's
+pass over the pool before the first step). A line holds the keys of :data:`STEP` that apply to its step: a
+step that trains nothing (``skipped``) has no update statistics beyond zeros, the rollout correction's keys
+appear only when it is on, the keys of :data:`PLAN_KEYS` only under the plan that writes them.
+``reward_<name>`` is one key per reward function. Torch-free: tools that read the logs (``dppo advise``, the
+bench's summaries) can import it without the trainer.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 #: Every key of a step's line and its meaning.
 STEP: dict[str, str] = {
     "step": "the steps done, this one included (1 for the first)",
-    "skipped": "1 when the step trained nothing because every candidate was pruned, or every group stopped after "
-               "its pilot (the estimate is exactly 0, a valid draw); absent otherwise",
+    "skipped": "1 when the step trained nothing because every candidate was pruned, or every group stopped "
+               "after its pilot (the estimate is exactly 0, a valid draw); absent otherwise",
     "prompts_candidates": "|B|: the candidate prompts the step's objective is over, kept or not",
     "prompts_rolled_out": "the prompts whose groups were rolled out (a refill's rounds all counted)",
     "completions_rolled_out": "the completions generated (a stopped pilot's k included)",
-    "reward_mean": "the mean summed reward over the groups trained on (dynamic sampling: every rolled-out group); "
-                   "null on a skipped step",
+    "reward_mean": "the mean summed reward over the groups trained on (dynamic sampling: every rolled-out "
+                   "group); null on a skipped step",
     "reward_std": "their standard deviation",
     "reward_<name>": "the mean of reward function <name> over the groups trained on",
     "zero_std_groups": "the share of the groups whose rewards are all equal (all-equal groups)",
@@ -45,7 +46,8 @@ STEP: dict[str, str] = {
     "tokens_generated": "completion tokens generated (every round, every stopped pilot)",
     "tokens_trained": "completion tokens of the sequences trained on",
     "sequences_trained": "the completions trained on",
-    "tokens_saved_rollout_est": "an estimate of the completion tokens the pruned prompts would have generated",
+    "tokens_saved_rollout_est": "an estimate of the completion tokens the pruned prompts would have "
+                                "generated",
     "tokens_saved_update": "rolled-out completion tokens the update did not train on",
     "weight_ess": "the effective sample size of the kept completions' weights",
     "weight_max": "the largest weight 1/(π_q p_qi)",
@@ -62,7 +64,8 @@ PLAN_KEYS: dict[str, dict[str, str]] = {
     "pilot": {
         "pilot_groups_stopped": "the groups stopped after their pilot",
         "pilot_tokens": "the tokens of every pilot, stopped or continued",
-        "decode_steps": "the sequential decode steps of the step's engine calls: each call's longest completion",
+        "decode_steps": "the sequential decode steps of the step's engine calls: each call's longest "
+                        "completion",
     },
     "dynamic_sampling": {
         "ds_rounds": "the rollout rounds of the step",
@@ -94,8 +97,8 @@ def step_keys() -> set[str]:
 
 
 def unknown_keys(lines: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The keys of ``lines`` (a ``metrics.jsonl``'s) that the schema does not hold, as ``"step N: key"``; events are
-    checked against their own schema."""
+    """The keys of ``lines`` (a ``metrics.jsonl``'s) that the schema does not hold, as ``"step N: key"``;
+    events are checked against their own schema."""
     known, out = step_keys(), []
     for line in lines:
         schema = PREFILTER if line.get("event") == "prefilter" else known

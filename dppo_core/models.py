@@ -3,8 +3,8 @@
 No download anywhere: the tokenizer is trained on the fly on text of the embedded task
 (:mod:`dppo_core.tasks`), the model is initialised from a config, and both are written with
 ``save_pretrained`` into a cache directory (:func:`dppo_core.model_files.default_cache_dir`), so transformers
-(``AutoModelForCausalLM``), PEFT and vLLM all load them by path like any Hub model. The directory name is a hash
-of everything that determines the result, so a second call returns at once.
+(``AutoModelForCausalLM``), PEFT and vLLM all load them by path like any Hub model. The directory name is a
+hash of everything that determines the result, so a second call returns at once.
 
 :mod:`dppo_core.warm_start` then fine-tunes the model on worked solutions (and ships the result), so that RL
 starts from a policy with a spread of accuracy across the task's levels.
@@ -30,8 +30,8 @@ import torch
 from dppo_core.model_files import atomic_dir, default_cache_dir, quiet_transformers
 from dppo_core.tasks import ArithmeticTask
 
-#: Bump when a change to this module or to :mod:`dppo_core.warm_start` changes what gets built, so stale caches are
-#: not reused.
+#: Bump when a change to this module or to :mod:`dppo_core.warm_start` changes what gets built, so stale
+#: caches are not reused.
 BUILD_VERSION = 2  # 2: level 1 gained its worked form (tokenizer corpus and warm-start data changed)
 
 PAD_TOKEN = "<|endoftext|>"

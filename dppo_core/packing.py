@@ -120,7 +120,8 @@ class PackedBatch:
 
     @property
     def budget_capacity(self) -> int:
-        """Token slots at the budget: ``sum_rows max(row_budget, row length)`` (an oversize row counts its length)."""
+        """Token slots at the budget: ``sum_rows max(row_budget, row length)`` (an oversize row counts its
+        length)."""
         return sum(max(self.row_budget, n) for n in self.row_lengths)
 
     @property
@@ -151,8 +152,9 @@ def _check_oversize(lengths: Sequence[int], max_tokens_per_row: int, oversize: s
         more = f" ({len(big) - 1} more sequences are too long as well)" if len(big) > 1 else ""
         raise ValueError(
             f"sequence {i} has {lengths[i]} tokens (prompt + completion), more than max_tokens_per_row="
-            f"{max_tokens_per_row}{more}; raise max_tokens_per_row to at least {max(lengths[j] for j in big)} "
-            "or pass oversize='own_row' to give each such sequence a row of its own (sequences are never cut)")
+            f"{max_tokens_per_row}{more}; raise max_tokens_per_row to at least "
+            f"{max(lengths[j] for j in big)} or pass oversize='own_row' to give each such sequence a row of "
+            "its own (sequences are never cut)")
     return big
 
 
@@ -268,7 +270,8 @@ def pad(sequences: Sequence[PackSequence], pad_id: int = 0) -> PackedBatch:
     ``row_budget`` is the longest sequence, so ``budget_density == density``.
     """
     validate_sequences(sequences)
-    return build_batch(sequences, [[i] for i in range(len(sequences))], max(len(s) for s in sequences), pad_id)
+    return build_batch(sequences, [[i] for i in range(len(sequences))], max(len(s) for s in sequences),
+                       pad_id)
 
 
 def pack_micro_batches(sequences: Sequence[PackSequence], max_tokens_per_row: int, rows_per_micro_batch: int,
@@ -288,8 +291,9 @@ def pack_micro_batches(sequences: Sequence[PackSequence], max_tokens_per_row: in
         group = rows[start : start + rows_per_micro_batch]
         indices = [i for row in group for i in row]
         local = {g: j for j, g in enumerate(indices)}
-        out.append((indices, build_batch([sequences[i] for i in indices], [[local[i] for i in row] for row in group],
-                                         max_tokens_per_row, pad_id)))
+        out.append((indices, build_batch([sequences[i] for i in indices],
+                                         [[local[i] for i in row] for row in group], max_tokens_per_row,
+                                         pad_id)))
     return out
 
 
@@ -299,7 +303,8 @@ def pack_micro_batches(sequences: Sequence[PackSequence], max_tokens_per_row: in
 
 
 def attention_implementation(model: torch.nn.Module) -> str:
-    """The attention backend of a transformers model (PEFT-wrapped or not): "sdpa", "eager", "flash_attention_2", ..."""
+    """The attention backend of a transformers model (PEFT-wrapped or not): "sdpa", "eager",
+    "flash_attention_2", ..."""
     base = cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None) or getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) or "sdpa"
@@ -319,8 +324,8 @@ def _route(model: torch.nn.Module, attention: str) -> str:
 
 
 def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
-    # a transformers model, PEFT-wrapped or not (a PeftModel passes the call on to its base model); torch types a
-    # module's attributes as Tensor | Module, so the embedding's weight is cast
+    # a transformers model, PEFT-wrapped or not (a PeftModel passes the call on to its base model); torch
+    # types a module's attributes as Tensor | Module, so the embedding's weight is cast
     emb = cast("PreTrainedModel", model).get_input_embeddings()
     weight = cast(torch.Tensor, emb.weight)
     return weight.dtype if weight.is_floating_point() else torch.float32
@@ -364,8 +369,10 @@ def packed_completion_logprobs(model: torch.nn.Module, batch: PackedBatch, tempe
         row_starts = torch.cumsum(real.sum(1), 0) - real.sum(1)
         flat_index = row_starts[row] + col
         kwargs = {}
-        if attention_implementation(model) == "torch_varlen":  # the boundaries on the device once, not per layer
-            kwargs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in varlen_boundaries(batch).items()}
+        # the boundaries on the device once, not per layer
+        if attention_implementation(model) == "torch_varlen":
+            kwargs = {k: v.to(device) if torch.is_tensor(v) else v
+                      for k, v in varlen_boundaries(batch).items()}
             kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_q"]
         out = model(input_ids=batch.input_ids[real][None].to(device),
                     position_ids=batch.position_ids[real][None].to(device), use_cache=False, **kwargs)
@@ -390,7 +397,8 @@ def varlen_boundaries(batch: PackedBatch) -> dict[str, Any]:
 
 
 def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:
-    """(rows, T) sequence ids -> (rows, 1, T, T) bool mask: attend only to earlier tokens of the same sequence.
+    """(rows, T) sequence ids -> (rows, 1, T, T) bool mask: attend only to earlier tokens of the same
+    sequence.
 
     Padding slots (id -1) attend to themselves only, so no row of the softmax is empty.
     """
@@ -401,9 +409,10 @@ def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:
     return ((same & causal) | eye)[:, None]
 
 
-def model_attention_mask(model: torch.nn.Module, mask: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A (R, 1, T, T) boolean mask (True = attend) as ``model``'s attention takes it: boolean for sdpa, additive
-    float (0 or the dtype's minimum) for eager, which adds the mask to the scores."""
+def model_attention_mask(model: torch.nn.Module, mask: torch.Tensor,
+                         device: torch.device | str) -> torch.Tensor:
+    """A (R, 1, T, T) boolean mask (True = attend) as ``model``'s attention takes it: boolean for sdpa,
+    additive float (0 or the dtype's minimum) for eager, which adds the mask to the scores."""
     mask = mask.to(device)
     if attention_implementation(model) != "eager":
         return mask
@@ -412,7 +421,8 @@ def model_attention_mask(model: torch.nn.Module, mask: torch.Tensor, device: tor
 
 
 def completion_token_index(completion_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per completion token (sequence order, then token order): its sequence and its index in the completion."""
+    """Per completion token (sequence order, then token order): its sequence and its index in the
+    completion."""
     c = completion_lengths
     tok_seq = torch.repeat_interleave(torch.arange(len(c)), c)  # (K,)
     tok_k = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)  # (K,)
@@ -420,7 +430,8 @@ def completion_token_index(completion_lengths: torch.Tensor) -> tuple[torch.Tens
 
 
 def completion_grid(logits: torch.Tensor, flat_index: torch.Tensor, targets: torch.Tensor,
-                    completion_lengths: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    completion_lengths: torch.Tensor,
+                    temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs laid out (N, T_c), and their mask, from a forward's logits.
 
     ``flat_index[k]`` is the flattened (row * width + column) position whose logits predict completion token

@@ -1,4 +1,5 @@
-"""The trainable policy: a causal LM for full fine-tuning, or a LoRA / QLoRA (bitsandbytes 4/8-bit) adapter on one.
+"""The trainable policy: a causal LM for full fine-tuning, or a LoRA / QLoRA (bitsandbytes 4/8-bit) adapter on
+one.
 
 ``load_policy`` checks what a user passes (a directory without config.json, an encoder loaded as a causal
 LM) and works around bitsandbytes' CPU 4-bit kernel, which otherwise stops LoRA learning silently.
@@ -15,9 +16,9 @@ from dppo_core.config import ConfigError, DPPOConfig
 
 
 def resolve_model_path(config: DPPOConfig) -> str:
-    """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start (the shipped copy, cached); a
-    name of :data:`dppo_core.pretrained.PRETRAINED` (``smollm2-135m``) its converted directory, fetched the first
-    time (:func:`dppo_core.pretrained.build_pretrained`)."""
+    """The path (or Hub id) of ``config.model``: ``tiny`` is the embedded warm start (the shipped copy,
+    cached); a name of :data:`dppo_core.pretrained.PRETRAINED` (``smollm2-135m``) its converted directory,
+    fetched the first time (:func:`dppo_core.pretrained.build_pretrained`)."""
     from dppo_core.pretrained import FetchError, resolve_pretrained
 
     if config.model == "tiny":
@@ -33,11 +34,12 @@ def resolve_model_path(config: DPPOConfig) -> str:
     path = Path(config.model).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model={config.model!r} is a directory without config.json; pass the directory "
-                              "that save_pretrained wrote, a Hub id, or 'tiny'")
+            raise ConfigError(f"model={config.model!r} is a directory without config.json; pass the "
+                              "directory that save_pretrained wrote, a Hub id, or 'tiny'")
         return str(path)
     if config.model.startswith((".", "/", "~")):
-        raise ConfigError(f"model={config.model!r} does not exist; pass a model directory, a Hub id, or 'tiny'")
+        raise ConfigError(f"model={config.model!r} does not exist; pass a model directory, a Hub id, or "
+                          "'tiny'")
     return config.model  # a Hub id
 
 
@@ -52,7 +54,8 @@ def disable_4bit_cpu_bf16_path(model: torch.nn.Module) -> int:
     n = 0
     for module in model.modules():
         if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
-            cast(Any, module).support_avx512bf16_for_cpu = False  # bitsandbytes' attribute (torch: Tensor | Module)
+            # bitsandbytes' attribute (torch: Tensor | Module)
+            cast(Any, module).support_avx512bf16_for_cpu = False
             n += 1
     return n
 
@@ -63,12 +66,13 @@ def check_causal(model: torch.nn.Module, model_path: str) -> None:
     AutoModelForCausalLM accepts some encoders without an error; training one would be silently wrong.
     """
     device = next(model.parameters()).device
-    with torch.no_grad():  # one call per sequence: same shapes and kernels, so a causal model gives equal rows
+    # one call per sequence: same shapes and kernels, so a causal model gives equal rows
+    with torch.no_grad():
         first = [model(input_ids=torch.tensor([[1, t]], device=device), use_cache=False).logits[0, 0].float()
                  for t in (2, 3)]
     if (first[0] - first[1]).abs().max() > 1e-4 * torch.stack(first).abs().max() + 1e-6:
-        raise ConfigError(f"model={model_path!r} ({type(model).__name__}) is not causal: its output at a position "
-                          "depends on later tokens; pass a decoder-only causal LM (e.g. Qwen3)")
+        raise ConfigError(f"model={model_path!r} ({type(model).__name__}) is not causal: its output at a "
+                          "position depends on later tokens; pass a decoder-only causal LM (e.g. Qwen3)")
 
 
 def flash_attention_available() -> bool:
@@ -111,8 +115,9 @@ def attention_kernel(choice: str, device: torch.device, needs_mask: bool = False
             return varlen.NAME
         return "sdpa"
     if choice == "flash_attention_2" and not (device.type == "cuda" and has_flash):
-        raise ConfigError("attn_implementation='flash_attention_2' needs a CUDA device and the flash-attn package "
-                          "(pip install flash-attn --no-build-isolation); use attn_implementation=auto or sdpa")
+        raise ConfigError("attn_implementation='flash_attention_2' needs a CUDA device and the flash-attn "
+                          "package (pip install flash-attn --no-build-isolation); use "
+                          "attn_implementation=auto or sdpa")
     if choice == "torch_varlen":
         from dppo_core import varlen
 
@@ -134,8 +139,8 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"model={model_path!r}: its tokenizer or config could not be loaded ({exc}); pass "
-                              "a directory written by save_pretrained, a Hub id, or 'tiny'") from exc
+            raise ConfigError(f"model={model_path!r}: its tokenizer or config could not be loaded ({exc}); "
+                              "pass a directory written by save_pretrained, a Hub id, or 'tiny'") from exc
         tokenizer.padding_side = "left"
         kwargs: dict[str, Any] = {"dtype": torch.float32 if device.type == "cpu" else torch.bfloat16,
                                   "attn_implementation": attention_kernel(config.attn_implementation, device,
@@ -155,7 +160,8 @@ def load_policy(config: DPPOConfig, model_path: str, device: torch.device) -> tu
         except (OSError, ValueError) as exc:
             first = str(exc).splitlines()[0]
             raise ConfigError(f"model={model_path!r} could not be loaded as a causal LM: {first}; pass a "
-                              "decoder-only model (e.g. Qwen3) saved with save_pretrained, or 'tiny'") from exc
+                              "decoder-only model (e.g. Qwen3) saved with save_pretrained, or "
+                              "'tiny'") from exc
     if "quantization_config" not in kwargs:
         # PreTrainedModel.to is wrapped with functools.wraps, which the type stubs cannot call as a method
         cast(torch.nn.Module, model).to(device)

@@ -1,14 +1,16 @@
-"""The ``posterior`` and ``fitted`` prompt schemes' scores: what a prompt's whole history says about its next group.
+"""The ``posterior`` and ``fitted`` prompt schemes' scores: what a prompt's whole history says about its next
+group.
 
-A prompt's success rate is given a Beta posterior from the discounted passes and failures of every group it had
-(:meth:`~dppo_core.history.PromptHistory.evidence`); the passes of its next group of G are then Beta-binomial
-(:func:`beta_binomial_pmf`), and :func:`posterior_scores` is √E[Σ A² / G] of that group (:func:`group_signal`):
-√P(the next group is informative) with group-scaled advantages. :func:`dppo_core.pruning.prompt_keep_probs`
-keeps prompts ``proportional`` to it (``posterior``), to its square under a prior fitted to the pool (``fitted``,
-:meth:`~dppo_core.history.PromptHistory.fitted_prior`), or to that square recalibrated by the run's own record of
-prompts after a run of all-equal groups (``streak``, :class:`StreakCalibration`). The posterior reads rewards as
-pass rates in [0, 1] and refuses a record that such rewards cannot have (:func:`check_pass_rates`); the other prompt
-schemes read the rewards only through |A|.
+A prompt's success rate is given a Beta posterior from the discounted passes and failures of every group it
+had (:meth:`~dppo_core.history.PromptHistory.evidence`); the passes of its next group of G are then
+Beta-binomial (:func:`beta_binomial_pmf`), and :func:`posterior_scores` is √E[Σ A² / G] of that group
+(:func:`group_signal`): √P(the next group is informative) with group-scaled advantages.
+:func:`dppo_core.pruning.prompt_keep_probs` keeps prompts ``proportional`` to it (``posterior``), to its
+square under a prior fitted to the pool (``fitted``, :meth:`~dppo_core.history.PromptHistory.fitted_prior`),
+or to that square recalibrated by the run's own record of prompts after a run of all-equal groups (``streak``,
+:class:`StreakCalibration`). The posterior reads rewards as pass rates in [0, 1] and refuses a record that
+such rewards cannot have (:func:`check_pass_rates`); the other prompt schemes read the rewards only through
+|A|.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ def beta_binomial_pmf(alpha: float, beta: float, n: int) -> np.ndarray:
     """P(k successes in n) for k = 0..n when the success rate is Beta(alpha, beta) distributed."""
     k = np.arange(n + 1)
     log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-    log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta) for i in k])
+    log_b = np.array([math.lgamma(i + alpha) + math.lgamma(n - i + beta) - math.lgamma(n + alpha + beta)
+                      for i in k])
     log_b0 = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
     pmf = np.exp(log_choose + log_b - log_b0)
     return cast(np.ndarray, pmf / pmf.sum())  # numpy types a ufunc's result's dtype, and so this, as Any
 
 
 def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -> np.ndarray:
-    """Σ_i A_i² / G of a group of pass/fail rewards with k passes: what its gradient's squared size scales with.
+    """Σ_i A_i² / G of a group of pass/fail rewards with k passes: what its gradient's squared size scales
+    with.
 
     Group-scaled advantages have Σ A² = G in every group that is not all right or all wrong (up to eps), so 1
     there and 0 at k = 0 or G; unscaled (``none``) ones have Σ A² / G = k (G - k) / G², the rewards' variance.
@@ -47,41 +51,43 @@ def group_signal(k: np.ndarray, group_size: int, scale_rewards: str = "group") -
 
 
 def check_pass_rates(prompt_id: str, record: PromptRecord, tol: float = 1e-9) -> None:
-    """Refuse a prompt's record whose rewards cannot all have been in [0, 1], naming the prompt and the rewards.
+    """Refuse a prompt's record whose rewards cannot all have been in [0, 1], naming the prompt and the
+    rewards.
 
     :func:`posterior_scores` reads a group's rewards as pass rates: its evidence is G x the mean reward passes
     (:meth:`PromptHistory.update`), the mean clipped into [0, 1]. Rewards outside [0, 1] (a sum of reward
     functions such as accuracy + format, rewards in {-1, 2}, continuous scores such as 3.7) make that evidence
-    wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all passed).
-    Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1], equality
-    for pass/fail rewards), so a record outside those bounds cannot come from them. Every group whose rewards left
-    [0, 1] is remembered in the record (``outside_unit_at``, the first one's step, kept until the prompt's evidence is
-    dropped as stale), so an earlier such group is refused even after a group inside [0, 1]; the bounds are the check
-    of a record written before that was kept.
+    wrong (2 passes of 8 at rewards in {-1, 2} have mean -0.25 and count as 0 passes; 3.7 counts as all
+    passed). Rewards in [0, 1] have a mean m in [0, 1] and a variance of at most m (1 - m) (x² <= x on [0, 1],
+    equality for pass/fail rewards), so a record outside those bounds cannot come from them. Every group whose
+    rewards left [0, 1] is remembered in the record (``outside_unit_at``, the first one's step, kept until the
+    prompt's evidence is dropped as stale), so an earlier such group is refused even after a group inside
+    [0, 1]; the bounds are the check of a record written before that was kept.
     """
     m, v = record.mean_reward, record.reward_std ** 2
     if record.outside_unit_at is not None:
         raise ValueError(
             f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
-            f"{prompt_id!r} had a group (step {record.outside_unit_at}) with rewards outside [0, 1] (its last group's "
-            f"mean reward {m:.6g}, std {record.reward_std:.6g}): its evidence was clipped into [0, 1] and the "
-            "posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
-            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
-            "'proportional', which read only |A|")
+            f"{prompt_id!r} had a group (step {record.outside_unit_at}) with rewards outside [0, 1] (its "
+            f"last group's mean reward {m:.6g}, std {record.reward_std:.6g}): its evidence was clipped into "
+            "[0, 1] and the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / "
+            "(max - min), or combine_rewards with weights summing to 1 over rewards in [0, 1]), or use "
+            "prompt_scheme 'paper' or 'proportional', which read only |A|")
     if not (-tol <= m <= 1 + tol and v <= m * (1 - m) + tol):
         raise ValueError(
             f"prompt_scheme 'posterior' (and 'fitted') reads rewards as pass rates in [0, 1], but prompt "
             f"{prompt_id!r}'s last group (step {record.step}) had mean reward {m:.6g} and std "
-            f"{record.reward_std:.6g}, which rewards in [0, 1] cannot have: its evidence was clipped into [0, 1] and "
-            "the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / (max - min), or "
-            "combine_rewards with weights summing to 1 over rewards in [0, 1]), or use prompt_scheme 'paper' or "
-            "'proportional', which read only |A|")
+            f"{record.reward_std:.6g}, which rewards in [0, 1] cannot have: its evidence was clipped into "
+            "[0, 1] and the posterior would be wrong. Rescale the rewards into [0, 1] (e.g. (r - min) / "
+            "(max - min), or combine_rewards with weights summing to 1 over rewards in [0, 1]), or use "
+            "prompt_scheme 'paper' or 'proportional', which read only |A|")
 
 
 def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
-                     step: int | None = None, max_age: int | None = None, prior: tuple[float, float] = (1.0, 1.0),
-                     scale_rewards: str = "group") -> torch.Tensor:
-    """Each prompt's expected learning signal from everything its history shows: √E[Σ A² / G] of its next group.
+                     step: int | None = None, max_age: int | None = None,
+                     prior: tuple[float, float] = (1.0, 1.0), scale_rewards: str = "group") -> torch.Tensor:
+    """Each prompt's expected learning signal from everything its history shows: √E[Σ A² / G] of its next
+    group.
 
     The prompt's success rate is Beta(prior + discounted successes, prior + discounted failures)
     (:meth:`PromptHistory.evidence`); the next group's passes k are then Beta-binomial over ``group_size``
@@ -89,9 +95,9 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
     √P(the group is informative) = √(1 - E[p^G] - E[(1 - p)^G]). The square root because the
     variance-optimal inclusion probability of a prompt is ∝ √E‖S_q‖² (docs/estimator.md), and E‖S_q‖² scales
     with E[Σ A²] when completions' gradients are of similar size. Unseen prompts (and, with ``max_age``,
-    prompts last seen longer ago) get the prior's score. Rewards must lie in [0, 1] (those strictly inside count
-    as fractional passes): a record that rewards in [0, 1] cannot have raises ValueError (:func:`check_pass_rates`).
-    Returns float64, shape (len(prompt_ids),).
+    prompts last seen longer ago) get the prior's score. Rewards must lie in [0, 1] (those strictly inside
+    count as fractional passes): a record that rewards in [0, 1] cannot have raises ValueError
+    (:func:`check_pass_rates`). Returns float64, shape (len(prompt_ids),).
     """
     if group_size < 1:
         raise ValueError(f"group_size={group_size!r} must be at least 1 (the completions per prompt, G)")
@@ -114,10 +120,11 @@ def posterior_scores(history: PromptHistory, prompt_ids: Sequence[str], group_si
     return torch.tensor(out, dtype=torch.float64)
 
 
-def fitted_informative(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *, step: int | None = None,
-                       max_age: int | None = None) -> torch.Tensor:
-    """P(the next group of ``group_size`` is informative, not all equal) of each prompt under the prior fitted to the
-    pool (:meth:`PromptHistory.fitted_prior`) and the prompt's discounted history: what ``streak`` calibrates."""
+def fitted_informative(history: PromptHistory, prompt_ids: Sequence[str], group_size: int, *,
+                       step: int | None = None, max_age: int | None = None) -> torch.Tensor:
+    """P(the next group of ``group_size`` is informative, not all equal) of each prompt under the prior fitted
+    to the pool (:meth:`PromptHistory.fitted_prior`) and the prompt's discounted history: what ``streak``
+    calibrates."""
     prior = history.fitted_prior(group_size)
     return posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior) ** 2
 
@@ -125,23 +132,26 @@ def fitted_informative(history: PromptHistory, prompt_ids: Sequence[str], group_
 def continue_probs(pilot_rewards: torch.Tensor, floor: float, scheme: str = "constant", *,
                    history: PromptHistory | None = None, prompt_ids: Sequence[str] = (), group_size: int = 0,
                    step: int | None = None, max_age: int | None = None) -> torch.Tensor:
-    """c_q: the probability that each group gets the rest of its completions after its pilot (``pilot_rewards``,
-    shape (P, k)). 1 where the pilot's rewards are not all equal (the group is informative whatever comes next); where
-    they are all equal, ``floor`` (``constant``), or (``posterior``) the larger of ``floor`` and the probability that
-    the remaining ``group_size`` - k completions are not all equal to the pilot's value, under the prompt's success
-    rate's Beta posterior: the pool's fitted prior (:meth:`PromptHistory.fitted_prior`), the prompt's discounted
-    history and its pilot. A pilot all equal at a value other than 0 or 1 (not pass/fail) gets ``floor``. Everything
-    it reads is known when the decision is drawn (the history before the step, the pilot), so weighing a continued
-    group 1 / c_q keeps the estimate unbiased. Returns float64, shape (P,)."""
+    """c_q: the probability that each group gets the rest of its completions after its pilot
+    (``pilot_rewards``, shape (P, k)). 1 where the pilot's rewards are not all equal (the group is informative
+    whatever comes next); where they are all equal, ``floor`` (``constant``), or (``posterior``) the larger of
+    ``floor`` and the probability that the remaining ``group_size`` - k completions are not all equal to the
+    pilot's value, under the prompt's success rate's Beta posterior: the pool's fitted prior
+    (:meth:`PromptHistory.fitted_prior`), the prompt's discounted history and its pilot. A pilot all equal at
+    a value other than 0 or 1 (not pass/fail) gets ``floor``. Everything it reads is known when the decision
+    is drawn (the history before the step, the pilot), so weighing a continued group 1 / c_q keeps the
+    estimate unbiased. Returns float64, shape (P,)."""
     pilot = torch.as_tensor(pilot_rewards, dtype=torch.float64)
-    equal = (pilot == pilot[:, :1]).all(dim=1) if pilot.numel() else torch.zeros(pilot.shape[0], dtype=torch.bool)
+    equal = ((pilot == pilot[:, :1]).all(dim=1) if pilot.numel()
+             else torch.zeros(pilot.shape[0], dtype=torch.bool))
     probs = torch.ones(pilot.shape[0], dtype=torch.float64)
     probs[equal] = floor
     if scheme == "constant" or not equal.any():
         return probs
     if history is None or len(prompt_ids) != pilot.shape[0] or group_size <= pilot.shape[1]:
-        raise ValueError("continue_probs(scheme='posterior') needs the history, one prompt id per pilot and the "
-                         f"group size G > k (got {len(prompt_ids)} ids for {pilot.shape[0]} pilots, G={group_size})")
+        raise ValueError("continue_probs(scheme='posterior') needs the history, one prompt id per pilot and "
+                         f"the group size G > k (got {len(prompt_ids)} ids for {pilot.shape[0]} pilots, "
+                         f"G={group_size})")
     a0, b0 = history.fitted_prior(group_size)
     k, rest = pilot.shape[1], group_size - pilot.shape[1]
     for q in equal.nonzero().flatten().tolist():
@@ -160,30 +170,30 @@ def continue_probs(pilot_rewards: torch.Tensor, floor: float, scheme: str = "con
     return probs
 
 
-#: :class:`StreakCalibration`'s bins of the ``fitted`` P(informative), and its streak lengths (the last one: that many
-#: or more all-equal groups in a row).
+#: :class:`StreakCalibration`'s bins of the ``fitted`` P(informative), and its streak lengths (the last one:
+#: that many or more all-equal groups in a row).
 CALIBRATION_BINS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
 CALIBRATION_STREAKS = 3
-#: Pseudo-groups at the ``fitted`` prediction that :class:`StreakCalibration` adds to each cell: with fewer groups
-#: observed than this, the cell's estimate stays closer to the posterior's than to its own rate.
+#: Pseudo-groups at the ``fitted`` prediction that :class:`StreakCalibration` adds to each cell: with fewer
+#: groups observed than this, the cell's estimate stays closer to the posterior's than to its own rate.
 CALIBRATION_PSEUDO_GROUPS = 10.0
 
 
 @dataclass
 class StreakCalibration:
-    """The ``streak`` prompt scheme's table: how often a prompt's next group was informative, given how many all-equal
-    groups it had had in a row (z = 1, 2, 3+; :attr:`PromptRecord.equal_streak`) and the bin of what the ``fitted``
-    posterior predicted for it, counted over this run's own groups (issue #63, item 4).
+    """The ``streak`` prompt scheme's table: how often a prompt's next group was informative, given how many
+    all-equal groups it had had in a row (z = 1, 2, 3+; :attr:`PromptRecord.equal_streak`) and the bin of what
+    the ``fitted`` posterior predicted for it, counted over this run's own groups (issue #63, item 4).
 
-    GRESO skips a prompt more often the longer its run of all-equal groups; the posterior reads every group but as
-    draws from one fixed success rate, so after a run of equal groups it stays less sure than the logs are
-    (benchmarks/results/realistic-pool/streaks.json: among prompts the posterior puts below 0.2, the next group is
-    all equal 0.79 of the time after one all-equal group and 0.91 after two or more). :meth:`predict` replaces the
-    posterior's P(informative) p of a prompt with an all-equal streak by (n_informative + m p) / (n + m) of its cell
-    (m = :data:`CALIBRATION_PSEUDO_GROUPS`): the posterior's own value until the run has seen enough. Every count is
-    of groups rolled out before the step, so keep probabilities built on it are fixed before the step's draw and
-    weighing by 1 / π stays exact. Only whole groups count (a pilot stopped after its k equal rewards says nothing of
-    the G it stood for)."""
+    GRESO skips a prompt more often the longer its run of all-equal groups; the posterior reads every group
+    but as draws from one fixed success rate, so after a run of equal groups it stays less sure than the logs
+    are (benchmarks/results/realistic-pool/streaks.json: among prompts the posterior puts below 0.2, the next
+    group is all equal 0.79 of the time after one all-equal group and 0.91 after two or more). :meth:`predict`
+    replaces the posterior's P(informative) p of a prompt with an all-equal streak by
+    (n_informative + m p) / (n + m) of its cell (m = :data:`CALIBRATION_PSEUDO_GROUPS`): the posterior's own
+    value until the run has seen enough. Every count is of groups rolled out before the step, so keep
+    probabilities built on it are fixed before the step's draw and weighing by 1 / π stays exact. Only whole
+    groups count (a pilot stopped after its k equal rewards says nothing of the G it stood for)."""
 
     counts: dict[str, list[float]] = field(default_factory=dict)  # "z:bin" -> [informative, groups]
 
@@ -191,21 +201,23 @@ class StreakCalibration:
     def cell(streak: int, p: float) -> str:
         return f"{min(streak, CALIBRATION_STREAKS)}:{int(np.searchsorted(CALIBRATION_BINS, p, side='right'))}"
 
-    def predict(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor, *, step: int | None = None,
-                max_age: int | None = None) -> torch.Tensor:
-        """Each prompt's P(informative): ``p`` (the ``fitted`` posterior's, float64 of shape (len(prompt_ids),)) where
-        its last group was mixed (or it is unseen, or stale), the calibrated estimate of its cell where that group was
-        all equal."""
+    def predict(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor, *,
+                step: int | None = None, max_age: int | None = None) -> torch.Tensor:
+        """Each prompt's P(informative): ``p`` (the ``fitted`` posterior's, float64 of shape
+        (len(prompt_ids),)) where its last group was mixed (or it is unseen, or stale), the calibrated
+        estimate of its cell where that group was all equal."""
         out = p.clone()
         for i, pid in enumerate(prompt_ids):
             z = self._streak(history, pid, step, max_age)
             if z:
                 informative, groups = self.counts.get(self.cell(z, float(p[i])), (0.0, 0.0))
-                out[i] = (informative + CALIBRATION_PSEUDO_GROUPS * p[i]) / (groups + CALIBRATION_PSEUDO_GROUPS)
+                out[i] = ((informative + CALIBRATION_PSEUDO_GROUPS * p[i])
+                          / (groups + CALIBRATION_PSEUDO_GROUPS))
         return out
 
-    def record(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor, rewards: torch.Tensor,
-               group_size: int, *, step: int | None = None, max_age: int | None = None) -> None:
+    def record(self, history: PromptHistory, prompt_ids: Sequence[str], p: torch.Tensor,
+               rewards: torch.Tensor, group_size: int, *, step: int | None = None,
+               max_age: int | None = None) -> None:
         """Count each whole group (``rewards`` of shape (len(prompt_ids), ``group_size``)) of a prompt with an
         all-equal streak into its cell: call it before ``history`` records the groups, with the ``p`` the keep
         probabilities were built on."""
@@ -232,6 +244,8 @@ class StreakCalibration:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> StreakCalibration:
         counts = state.get("counts")
-        if not isinstance(counts, dict) or not all(isinstance(v, list) and len(v) == 2 for v in counts.values()):
-            raise ValueError("not a StreakCalibration state (expected {'counts': {'z:bin': [informative, groups]}})")
+        if not isinstance(counts, dict) or not all(isinstance(v, list) and len(v) == 2
+                                                   for v in counts.values()):
+            raise ValueError("not a StreakCalibration state "
+                             "(expected {'counts': {'z:bin': [informative, groups]}})")
         return cls({str(k): [float(v[0]), float(v[1])] for k, v in counts.items()})

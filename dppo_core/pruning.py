@@ -1,4 +1,5 @@
-"""DPPO's pruning: which prompts to roll out, which completions to train on, and the weights that keep it unbiased.
+"""DPPO's pruning: which prompts to roll out, which completions to train on, and the weights that keep it
+unbiased.
 
 Pure functions and one small data structure (:class:`PromptHistory`); no trainer state, so other
 frameworks (TRL, verl, OpenRLHF) can call them.
@@ -27,11 +28,11 @@ parameters depend on the draw. Two conditions make this exact:
    (systematic PPS sampling), so that exactly Σp items are kept each time.
 
 For independent draws the variance of the gradient estimate (trace of its covariance) is
-(1/C²) [Σ_q (1/π_q − 1) ‖S_q‖² + Σ_{q,i} (1 − p_{q,i})/(π_q p_{q,i}) ‖g_{q,i}‖²], g = ∇ℓ, S_q = Σ_i g_{q,i}: for a
-budget on a group's expected count, completion keep probabilities proportional to each completion's gradient
-size minimise it, and ``scheme="proportional"`` (∝ |A|) does when that size is proportional to |A|; for prompts
-the optimum is π_q ∝ √(‖S_q‖² + V_q), V_q the completion stage's variance term (docs/estimator.md); floors
-bound it.
+(1/C²) [Σ_q (1/π_q − 1) ‖S_q‖² + Σ_{q,i} (1 − p_{q,i})/(π_q p_{q,i}) ‖g_{q,i}‖²], g = ∇ℓ, S_q = Σ_i g_{q,i}:
+for a budget on a group's expected count, completion keep probabilities proportional to each completion's
+gradient size minimise it, and ``scheme="proportional"`` (∝ |A|) does when that size is proportional to |A|;
+for prompts the optimum is π_q ∝ √(‖S_q‖² + V_q), V_q the completion stage's variance term
+(docs/estimator.md); floors bound it.
 
 Keep-probability schemes (``rate`` = r):
 
@@ -42,16 +43,17 @@ Keep-probability schemes (``rate`` = r):
 * ``"proportional"`` — p_i = clip(c · score_i, min_keep_prob, 1) with c chosen so that the expected
   number kept is (1 - r) · n: r is the expected fraction pruned (up to the floors and to items forced
   to 1).
-* ``"posterior"`` (prompts) — ``proportional`` on :func:`~dppo_core.posterior.posterior_scores`: √P(the next group
-  is informative) from the prompt's whole (discounted) history (:mod:`dppo_core.posterior`); it needs rewards in
-  [0, 1]. The other schemes read the rewards only through |A|, so they take any finite rewards (rewards a·r + b,
-  a > 0, give the same probabilities up to the eps of group scaling).
-* ``"fitted"`` (prompts) — ``proportional`` on P(informative) itself (the square of ``posterior``'s score), the
-  prior fitted to the pool (:meth:`PromptHistory.fitted_prior`): sharper, where history can see (issue #50's sweep).
-* ``"streak"`` (prompts) — ``proportional`` on ``fitted``'s P(informative), recalibrated, for a prompt whose last
-  groups were all equal, by how often this run's prompts with as long a run of all-equal groups and a like
-  prediction were informative next (:class:`~dppo_core.posterior.StreakCalibration`; GRESO's idea, made exact
-  by 1/π): ``fitted`` until the run has counted enough.
+* ``"posterior"`` (prompts) — ``proportional`` on :func:`~dppo_core.posterior.posterior_scores`: √P(the next
+  group is informative) from the prompt's whole (discounted) history (:mod:`dppo_core.posterior`); it needs
+  rewards in [0, 1]. The other schemes read the rewards only through |A|, so they take any finite rewards
+  (rewards a·r + b, a > 0, give the same probabilities up to the eps of group scaling).
+* ``"fitted"`` (prompts) — ``proportional`` on P(informative) itself (the square of ``posterior``'s score),
+  the prior fitted to the pool (:meth:`PromptHistory.fitted_prior`): sharper, where history can see
+  (issue #50's sweep).
+* ``"streak"`` (prompts) — ``proportional`` on ``fitted``'s P(informative), recalibrated, for a prompt whose
+  last groups were all equal, by how often this run's prompts with as long a run of all-equal groups and a
+  like prediction were informative next (:class:`~dppo_core.posterior.StreakCalibration`; GRESO's idea, made
+  exact by 1/π): ``fitted`` until the run has counted enough.
 * ``"length"`` (completions) — ``proportional`` on |A| / len^γ with a budget on the expected tokens kept:
   the variance-minimising shape per token trained for independent draws when a completion's gradient size is
   ∝ |A|·len^(1/2−γ) (docs/estimator.md); near-optimal where that holds only roughly.
@@ -79,9 +81,10 @@ from dppo_core.config import COMPLETION_SCHEMES, FIXED_SIZE_DESIGNS, PROMPT_SCHE
 from dppo_core.history import PromptHistory
 
 __all__ = [  # PromptHistory, cppo_keep and greso_keep_probs are defined elsewhere and importable from here
-    "PromptHistory", "adaptive_rate", "completion_keep_probs", "cppo_keep", "dense_window", "effective_sample_size",
-    "expected_ess", "fit_budget", "greso_keep_probs", "importance_weights", "keep_probs_from_scores", "pivotal_draw",
-    "prompt_keep_probs", "sample_keep", "step_generator", "systematic_draw",
+    "PromptHistory", "adaptive_rate", "completion_keep_probs", "cppo_keep", "dense_window",
+    "effective_sample_size", "expected_ess", "fit_budget", "greso_keep_probs", "importance_weights",
+    "keep_probs_from_scores", "pivotal_draw", "prompt_keep_probs", "sample_keep", "step_generator",
+    "systematic_draw",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -166,7 +169,8 @@ def keep_probs_from_scores(scores: torch.Tensor, rate: float, *, scheme: str = "
     zero = torch.zeros(n, dtype=torch.bool) if zero is None else zero.reshape(-1).bool() & ~forced
     if torch.isnan(scores).any() or (scores < 0).any():
         raise ValueError("scores must be finite and >= 0 (e.g. |advantage|)")
-    cost = torch.ones(n, dtype=torch.float64) if costs is None else torch.as_tensor(costs, dtype=torch.float64)
+    cost = (torch.ones(n, dtype=torch.float64) if costs is None
+            else torch.as_tensor(costs, dtype=torch.float64))
     cost = cost.reshape(-1)
     if cost.numel() != n or not (cost > 0).all():
         raise ValueError(f"costs must be {n} positive numbers, one per item (e.g. token counts, at least 1)")
@@ -193,7 +197,8 @@ def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str 
                           min_keep_prob: float = 0.1, beta: float = 0.0, drop_zero: bool = True,
                           candidate_fraction: float = 0.5, lengths: torch.Tensor | None = None,
                           length_exponent: float = 0.5) -> torch.Tensor:
-    """Per completion keep probabilities p_{q,i}, from |A| within each group; shape (P, G) like ``advantages``.
+    """Per completion keep probabilities p_{q,i}, from |A| within each group; shape (P, G) like
+    ``advantages``.
 
     Each group of G gets its own budget, so every prompt keeps completions:
 
@@ -216,12 +221,15 @@ def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str 
     costs = None
     if scheme == "length":
         if lengths is None:
-            raise ValueError("completion scheme 'length' needs the completions' token counts (lengths=, shape (P, G))")
+            raise ValueError("completion scheme 'length' needs the completions' token counts "
+                             "(lengths=, shape (P, G))")
         costs = torch.as_tensor(lengths, dtype=torch.float64).clamp(min=1.0)
         if costs.shape != adv.shape:
-            raise ValueError(f"lengths {tuple(costs.shape)} must have the advantages' shape {tuple(adv.shape)}")
+            raise ValueError(f"lengths {tuple(costs.shape)} must have the advantages' shape "
+                             f"{tuple(adv.shape)}")
         if length_exponent < 0:
-            raise ValueError(f"length_exponent={length_exponent!r} must be >= 0 (0: p ∝ |A| under a token budget)")
+            raise ValueError(f"length_exponent={length_exponent!r} must be >= 0 "
+                             "(0: p ∝ |A| under a token budget)")
     out = torch.empty_like(adv)
     for q in range(adv.shape[0]):
         zero = (adv[q] == 0) if (drop_zero and beta == 0) else None
@@ -229,23 +237,26 @@ def completion_keep_probs(advantages: torch.Tensor, rate: float, *, scheme: str 
             out[q] = keep_probs_from_scores(adv[q].abs(), rate, scheme=scheme, min_keep_prob=min_keep_prob,
                                             candidate_fraction=candidate_fraction, zero=zero)
         else:
-            out[q] = keep_probs_from_scores(adv[q].abs() / costs[q] ** length_exponent, rate, scheme="proportional",
-                                            min_keep_prob=min_keep_prob, zero=zero, costs=costs[q])
+            out[q] = keep_probs_from_scores(adv[q].abs() / costs[q] ** length_exponent, rate,
+                                            scheme="proportional", min_keep_prob=min_keep_prob, zero=zero,
+                                            costs=costs[q])
     return out
 
 
 def expected_ess(prompt_probs: torch.Tensor, completion_probs: torch.Tensor) -> float:
     """The completion stage's effective sample size, predicted before its draw: (Σ 1/π_q)² / Σ 1/(π_q² p_qi).
 
-    Conditional on the prompts being rolled out: ``prompt_probs`` (P,) and ``completion_probs`` (P, G) are those
-    of prompts already kept (the estimator calls it after prompt selection), and the sums run over their
+    Conditional on the prompts being rolled out: ``prompt_probs`` (P,) and ``completion_probs`` (P, G) are
+    those of prompts already kept (the estimator calls it after prompt selection), and the sums run over their
     completions with p_qi > 0. It is the ratio of E[Σ w]² to E[Σ w²] over the completion draw alone, for the
-    weights w = 1/(π_q p_qi) of the kept completions: Kish's effective sample size (:func:`effective_sample_size`)
-    with expectations in place of sums. Fed every candidate prompt, it overstates the ESS where prompts are
-    pruned (it counts a pruned prompt's completions as drawn). Before the prompt draw too, over the N completions
-    that can be kept, E[Σ w] = N and E[Σ w²] = Σ 1/(π_q p_qi), so the unconditional ratio is N² / Σ 1/(π_q p_qi).
+    weights w = 1/(π_q p_qi) of the kept completions: Kish's effective sample size
+    (:func:`effective_sample_size`) with expectations in place of sums. Fed every candidate prompt, it
+    overstates the ESS where prompts are pruned (it counts a pruned prompt's completions as drawn). Before the
+    prompt draw too, over the N completions that can be kept, E[Σ w] = N and E[Σ w²] = Σ 1/(π_q p_qi), so the
+    unconditional ratio is N² / Σ 1/(π_q p_qi).
     """
-    pi = torch.as_tensor(prompt_probs, dtype=torch.float64)[:, None].expand_as(torch.as_tensor(completion_probs))
+    pi = torch.as_tensor(prompt_probs, dtype=torch.float64)[:, None].expand_as(
+        torch.as_tensor(completion_probs))
     p = torch.as_tensor(completion_probs, dtype=torch.float64)
     live = p > 0
     if not live.any():
@@ -255,17 +266,19 @@ def expected_ess(prompt_probs: torch.Tensor, completion_probs: torch.Tensor) -> 
 
 def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float,
                   probs_at: Callable[[float], torch.Tensor], step_size: float = 0.05) -> float:
-    """The largest completion prune rate in {0, step_size, ..., max_rate} whose predicted ESS reaches ``target_ess``.
+    """The largest completion prune rate in {0, step_size, ..., max_rate} whose predicted ESS reaches
+    ``target_ess``.
 
     ``probs_at(r)`` gives the completion keep probabilities at rate r (the scheme's own, from the step's
-    advantages). The rate is a function of the step's advantages and the prompts' probabilities only, both fixed
-    before the completion draw, so the loss and its gradient at parameters fixed before the draw stay unbiased
-    (the estimator's claim, unchanged); it prunes more when many completions carry
+    advantages). The rate is a function of the step's advantages and the prompts' probabilities only, both
+    fixed before the completion draw, so the loss and its gradient at parameters fixed before the draw stay
+    unbiased (the estimator's claim, unchanged); it prunes more when many completions carry
     signal and less when signal is scarce (a step whose ESS is below the target even unpruned is not pruned).
     Returns 0 when no rate reaches it.
     """
     if target_ess <= 0:
-        raise ValueError(f"target_ess={target_ess!r} must be > 0 (an effective number of completions per step)")
+        raise ValueError(f"target_ess={target_ess!r} must be > 0 "
+                         "(an effective number of completions per step)")
     rates = [round(k * step_size, 10) for k in range(int(max_rate / step_size + 1e-9) + 1)]
     best = 0.0
     for r in rates:
@@ -276,8 +289,9 @@ def adaptive_rate(prompt_probs: torch.Tensor, target_ess: float, max_rate: float
     return best
 
 
-def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *, scheme: str = "paper",
-                      min_keep_prob: float = 0.1, step: int | None = None, max_age: int | None = None,
+def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: float, *,
+                      scheme: str = "paper", min_keep_prob: float = 0.1, step: int | None = None,
+                      max_age: int | None = None,
                       budget: float | None = None, candidate_fraction: float = 0.5, group_size: int = 8,
                       scale_rewards: str = "group",
                       calibration: posterior.StreakCalibration | None = None) -> torch.Tensor:
@@ -287,25 +301,29 @@ def prompt_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: f
     ``max_age`` steps before ``step``) get 1; seen prompts are scored by the mean |A| of their last group
     (0 for an all-equal group). ``posterior``: every prompt is scored by
     :func:`~dppo_core.posterior.posterior_scores` (all its history, unseen ones by the prior) and kept with
-    probability ∝ its score, (1 - r) of the candidates in expectation; ``fitted`` and ``streak`` likewise (module
-    docstring), ``streak`` with the run's ``calibration`` (None: an empty one, which is ``fitted``). Floored at
-    ``min_keep_prob``: never 0, because a prompt that gave no signal last time may give some now. ``budget``
-    rescales them so that the expected number of prompts kept is ``budget`` (see :func:`dense_window`).
+    probability ∝ its score, (1 - r) of the candidates in expectation; ``fitted`` and ``streak`` likewise
+    (module docstring), ``streak`` with the run's ``calibration`` (None: an empty one, which is ``fitted``).
+    Floored at ``min_keep_prob``: never 0, because a prompt that gave no signal last time may give some now.
+    ``budget`` rescales them so that the expected number of prompts kept is ``budget`` (see
+    :func:`dense_window`).
     """
     _check(rate, min_keep_prob, scheme, candidate_fraction, PROMPT_SCHEMES)
     rule = registry.PROMPT_SCHEMES[scheme]
     if rule.calibrated:  # streak
-        informative = posterior.fitted_informative(history, prompt_ids, group_size, step=step, max_age=max_age)
+        informative = posterior.fitted_informative(history, prompt_ids, group_size, step=step,
+                                                   max_age=max_age)
         if calibration is not None:
             informative = calibration.predict(history, prompt_ids, informative, step=step, max_age=max_age)
         return keep_probs_from_scores(informative, rate, scheme="proportional", min_keep_prob=min_keep_prob,
                                       budget=budget)
-    if "pass_counts" in rule.reads:  # posterior: √P(informative); fitted: P itself, under the pool's fitted prior
+    # posterior: √P(informative); fitted: P itself, under the pool's fitted prior
+    if "pass_counts" in rule.reads:
         prior = history.fitted_prior(group_size) if rule.prior == "fitted" else (1.0, 1.0)
-        scored = posterior.posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age, prior=prior,
-                                            scale_rewards=scale_rewards)
+        scored = posterior.posterior_scores(history, prompt_ids, group_size, step=step, max_age=max_age,
+                                            prior=prior, scale_rewards=scale_rewards)
         values = scored ** round(2 * rule.power)  # the scores are √P(informative)
-        return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob, budget=budget)
+        return keep_probs_from_scores(values, rate, scheme="proportional", min_keep_prob=min_keep_prob,
+                                      budget=budget)
     scores = [history.score(pid, step, max_age) for pid in prompt_ids]
     forced = torch.tensor([s is None for s in scores], dtype=torch.bool)
     values = torch.tensor([0.0 if s is None else s for s in scores], dtype=torch.float64)
@@ -361,7 +379,8 @@ def systematic_draw(p: torch.Tensor, order: torch.Tensor, u: float) -> torch.Ten
 
 
 def pivotal_draw(p: torch.Tensor, order: torch.Tensor, coin: Callable[[float], bool]) -> torch.Tensor:
-    """Ordered pivotal sampling (Deville and Tillé 1998) of a 1-D pool, given its randomness: the order and the coins.
+    """Ordered pivotal sampling (Deville and Tillé 1998) of a 1-D pool, given its randomness: the order and
+    the coins.
 
     Walking ``order``, the unit still undecided ("the pivot", probability a) meets the next one (b): if
     a + b < 1 one of them drops to 0 and the other takes a + b (the pivot keeps it with probability
@@ -410,9 +429,11 @@ def _fixed_size(p: torch.Tensor, generator: torch.Generator | None, design: str,
         order = torch.randperm(p.numel(), generator=generator)
     else:  # ties broken at random, so equal scores do not always meet in the same order
         jitter = torch.rand(p.numel(), generator=generator, dtype=torch.float64)
-        order = torch.from_numpy(np.lexsort((jitter.numpy(), torch.as_tensor(order_key, dtype=torch.float64).numpy())))
+        order = torch.from_numpy(np.lexsort((jitter.numpy(),
+                                             torch.as_tensor(order_key, dtype=torch.float64).numpy())))
     if design == "pivotal":
-        return pivotal_draw(p, order, lambda q: bool(torch.rand((), generator=generator, dtype=torch.float64) < q))
+        return pivotal_draw(p, order,
+                            lambda q: bool(torch.rand((), generator=generator, dtype=torch.float64) < q))
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     return systematic_draw(p, order, u)
 
@@ -448,7 +469,8 @@ def sample_keep(probs: torch.Tensor, generator: torch.Generator | None = None,
         return _fixed_size(p, generator, design, order_key)
     if p.ndim == 2:
         keys = [None] * p.shape[0] if order_key is None else list(torch.as_tensor(order_key))
-        return torch.stack([_fixed_size(row, generator, design, key) for row, key in zip(p, keys, strict=True)])
+        return torch.stack([_fixed_size(row, generator, design, key)
+                            for row, key in zip(p, keys, strict=True)])
     raise ValueError(f"probs must be 1-D or 2-D, got shape {tuple(p.shape)}")
 
 

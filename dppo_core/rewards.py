@@ -5,8 +5,8 @@ The correctness reward is
     r(completion, answer) = 1  if  extract_answer(completion, mode) ≡ answer  else 0
 
 with the final answer found and its equivalence decided by :mod:`dppo_core.grading` (strict extraction, the
-default, for RL rewards; lenient for evaluation). A reward is computed for every completion of every RL step, so
-it has to be right *and* fast.
+default, for RL rewards; lenient for evaluation). A reward is computed for every completion of every RL step,
+so it has to be right *and* fast.
 
 Reward functions follow TRL's convention, ``fn(prompts, completions, **dataset_columns) -> list[float]``,
 with completions as strings or as conversations (``[{"role": "assistant", "content": ...}]``), so TRL
@@ -65,19 +65,20 @@ def completion_text(completion: Completion) -> str:
             return last["content"]
     elif isinstance(getattr(completion, "text", None), str):
         return completion.text
-    raise TypeError(f"a completion must be a string, a conversation (a list of {{'role', 'content'}} dicts) or have "
-                    f"a .text string (a dppo_core.rollout.Completion); got {type(completion).__name__}: "
-                    f"{str(completion)[:80]!r}")
+    raise TypeError(f"a completion must be a string, a conversation (a list of {{'role', 'content'}} dicts) "
+                    f"or have a .text string (a dppo_core.rollout.Completion); got "
+                    f"{type(completion).__name__}: {str(completion)[:80]!r}")
 
 
-def math_reward(completion: Completion, answer: str, *, timeout: float = DEFAULT_TIMEOUT, mode: str = STRICT) -> float:
+def math_reward(completion: Completion, answer: str, *, timeout: float = DEFAULT_TIMEOUT,
+                mode: str = STRICT) -> float:
     """1.0 if the completion's final answer is mathematically equivalent to ``answer``, else 0.0.
 
     ``answer`` is the reference's final answer (a worked solution ending in ``#### N`` or containing a
     ``\\boxed{}`` works too). ``mode`` is how the completion's answer is found (:func:`extract_answer`):
     ``"strict"`` for RL rewards (the default), ``"lenient"`` for evaluation. A comparison that takes longer
-    than ``timeout`` seconds scores 0.0. Never raises, except a ValueError for an unknown ``mode`` and a TypeError
-    for a ``completion`` that is none (:func:`completion_text`).
+    than ``timeout`` seconds scores 0.0. Never raises, except a ValueError for an unknown ``mode`` and a
+    TypeError for a ``completion`` that is none (:func:`completion_text`).
     """
     check_mode(mode)
     text = completion_text(completion)  # a TypeError for what is no completion, not a silent 0
@@ -170,7 +171,8 @@ def _answers_column(columns: dict[str, Any], n: int) -> list[str]:
     )
 
 
-def accuracy_reward(prompts: Sequence[Any] | None, completions: Sequence[Completion], **columns: Any) -> list[float]:
+def accuracy_reward(prompts: Sequence[Any] | None, completions: Sequence[Completion],
+                    **columns: Any) -> list[float]:
     """TRL-style correctness reward: :func:`math_reward` of each completion against its row's answer.
 
     The answers come from the dataset column ``answer`` (or ``solution``, TRL's name).
@@ -193,7 +195,8 @@ def format_ok(text: str, max_tail_chars: int = 40) -> bool:
     return bool(content.strip()) and len(text[end:].strip()) <= max_tail_chars
 
 
-def format_reward(prompts: Sequence[Any] | None, completions: Sequence[Completion], **columns: Any) -> list[float]:
+def format_reward(prompts: Sequence[Any] | None, completions: Sequence[Completion],
+                  **columns: Any) -> list[float]:
     """TRL-style format reward: 1.0 where :func:`format_ok` holds, else 0.0."""
     return [float(format_ok(completion_text(c))) for c in completions]
 
@@ -213,7 +216,8 @@ def combine_rewards(
             f"{len(funcs)} functions and {len(ws)} weights"
         )
 
-    def combined(prompts: Sequence[Any] | None, completions: Sequence[Completion], **columns: Any) -> list[float]:
+    def combined(prompts: Sequence[Any] | None, completions: Sequence[Completion],
+                 **columns: Any) -> list[float]:
         total = [0.0] * len(completions)
         for fn, w in zip(funcs, ws, strict=True):
             scores = fn(prompts=prompts, completions=completions, **columns)
@@ -225,5 +229,6 @@ def combine_rewards(
             total = [t + w * (0.0 if s is None else s) for t, s in zip(total, scores, strict=True)]
         return total
 
-    combined.__name__ = "+".join(f"{w:g}*{getattr(f, '__name__', 'reward')}" for f, w in zip(funcs, ws, strict=True))
+    combined.__name__ = "+".join(f"{w:g}*{getattr(f, '__name__', 'reward')}"
+                                 for f, w in zip(funcs, ws, strict=True))
     return combined

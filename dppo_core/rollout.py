@@ -68,9 +68,9 @@ from dppo_core.grpo import truncated_importance_weights
 if TYPE_CHECKING:
     from peft import LoraConfig
 
-__all__ = ["Completion", "HFRollout", "LogprobMismatch", "Prompt", "RolloutBatch", "RolloutEngine", "RolloutGroup",
-           "SamplingConfig", "completion_logprobs", "is_peft_model", "logprob_mismatch", "make_rollout_engine",
-           "sequence_logprobs", "truncated_importance_weights"]
+__all__ = ["Completion", "HFRollout", "LogprobMismatch", "Prompt", "RolloutBatch", "RolloutEngine",
+           "RolloutGroup", "SamplingConfig", "completion_logprobs", "is_peft_model", "logprob_mismatch",
+           "make_rollout_engine", "sequence_logprobs", "truncated_importance_weights"]
 
 
 def _model_path_of(model: Any) -> str | None:
@@ -89,8 +89,8 @@ def make_rollout_engine(
     require: bool = False,
     **engine_kwargs: Any,
 ) -> RolloutEngine:
-    """Build a rollout engine (:class:`HFRollout` or :class:`~dppo_core.engines.vllm.VLLMRollout`); the trainer
-    then only calls ``generate`` and ``sync``.
+    """Build a rollout engine (:class:`HFRollout` or :class:`~dppo_core.engines.vllm.VLLMRollout`); the
+    trainer then only calls ``generate`` and ``sync``.
 
     Args:
         kind: ``"hf"`` (transformers), ``"vllm"``, or ``"auto"`` (vLLM when it imports and starts, else
@@ -144,7 +144,7 @@ def make_rollout_engine(
             raise RuntimeError(f"vLLM was required (require=True) but could not start: {type(err).__name__}: "
                                f"{err}") from err
         warnings.warn(f"vLLM could not start ({type(err).__name__}: {err}); falling back to transformers "
-                      "(HFRollout), which on a GPU is slower. Pass kind='vllm', require=True to raise instead.",
-                      RuntimeWarning, stacklevel=2)
+                      "(HFRollout), which on a GPU is slower. Pass kind='vllm', require=True to raise "
+                      "instead.", RuntimeWarning, stacklevel=2)
         return fallback()
 

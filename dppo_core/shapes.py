@@ -1,5 +1,6 @@
-"""Qwen3 models of a published shape with random weights, for timing and for checks of the GPU paths: the layer
-shapes of Qwen3-0.6B and Qwen3-1.7B (and a tiny one), built locally with the embedded tokenizer, no download.
+"""Qwen3 models of a published shape with random weights, for timing and for checks of the GPU paths: the
+layer shapes of Qwen3-0.6B and Qwen3-1.7B (and a tiny one), built locally with the embedded tokenizer, no
+download.
 
 ``model: random:NAME`` in a configuration names one (:func:`resolve_random_model`).
 """
@@ -71,7 +72,8 @@ def build_shaped_model(name: str, cache_dir: str | Path | None = None, dtype: st
                                                    pad_token_id=tokenizer.pad_token_id)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "dppo_build.json").write_text(json.dumps({"kind": "random", "shape": name, **asdict(shape)}, indent=2))
+        (tmp / "dppo_build.json").write_text(json.dumps({"kind": "random", "shape": name, **asdict(shape)},
+                                                        indent=2))
 
     return atomic_dir(target, write)
 

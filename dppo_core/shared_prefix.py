@@ -9,11 +9,10 @@ by each kept completion, in one *segment*: ``P + sum of R_i`` tokens. Attention 
     a1 attends to  p0 p1 p2   a0 a1                    the prompt and its own earlier tokens
     b0 attends to  p0 p1 p2             b0             never another completion
 
-So every completion token sees exactly what it sees in the plain layout, at the same positions: its
-log-prob, the loss and the gradient are the same up to float rounding (``tests/system/test_shared_prefix.py``).
-The first token of every completion is predicted by the logits at the prompt's last position (one set of
-logits, shared: each completion gathers its own target from it); token k > 0 by the completion's own
-token k - 1.
+So every completion token sees exactly what it sees in the plain layout, at the same positions: its log-prob,
+the loss and the gradient are the same up to float rounding (``tests/system/test_shared_prefix.py``). The
+first token of every completion is predicted by the logits at the prompt's last position (one set of logits,
+shared: each completion gathers its own target from it); token k > 0 by the completion's own token k - 1.
 
 Two ways to run it:
 
@@ -52,7 +51,8 @@ from dppo_core.packing import (
     validate_sequences,
 )
 
-#: the attention implementation name under which :func:`segment_attention_forward` is registered in transformers
+#: the attention implementation name under which :func:`segment_attention_forward` is registered in
+#: transformers
 NAME = "dppo_segments"
 
 
@@ -63,7 +63,8 @@ class SharedPrefixBatch:
     input_ids: torch.Tensor  # (R, T) long, padded with pad_id
     position_ids: torch.Tensor  # (R, T) long; a completion continues its prompt's positions; 0 on padding
     segment_ids: torch.Tensor  # (R, T) long, segment index; -1 on padding
-    branch_ids: torch.Tensor  # (R, T) long, the sequence a completion token belongs to; -1 on prompt and padding
+    branch_ids: torch.Tensor  # (R, T) long, the sequence a completion token belongs to; -1 on prompt and
+                              # padding
     pred_rows: torch.Tensor  # (K,) long, per completion token (sequence order, then token order): its row
     pred_cols: torch.Tensor  # (K,) long, the column whose logits predict it
     targets: torch.Tensor  # (K,) long, the token
@@ -178,7 +179,8 @@ def build_shared_batch(sequences: Sequence[PackSequence], segments: Sequence[Seq
         targets += list(sequences[i].completion_ids)
     return SharedPrefixBatch(
         input_ids=input_ids, position_ids=position_ids, segment_ids=segment_ids, branch_ids=branch_ids,
-        pred_rows=torch.tensor(pred_rows, dtype=torch.long), pred_cols=torch.tensor(pred_cols, dtype=torch.long),
+        pred_rows=torch.tensor(pred_rows, dtype=torch.long),
+        pred_cols=torch.tensor(pred_cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         completion_lengths=torch.tensor([len(s.completion_ids) for s in sequences], dtype=torch.long),
         segments=[list(s) for s in segments], row_segments=[list(r) for r in rows], num_sequences=n,
@@ -219,7 +221,8 @@ def shared_prefix_micro_batches(sequences: Sequence[PackSequence], max_tokens_pe
         segments = plan_segments(sequences, max_tokens_per_row)
         lengths = [segment_length(sequences, seg) for seg in segments]
         if max_tokens_per_row is None or one_segment_per_row:
-            rows = [[s] for s in sorted(range(len(segments)), key=lambda s: lengths[s])]  # similar lengths together
+            # similar lengths together
+            rows = [[s] for s in sorted(range(len(segments)), key=lambda s: lengths[s])]
         else:
             rows = plan_rows(lengths, max_tokens_per_row, window, oversize="own_row")
     out = []
@@ -241,7 +244,8 @@ def shared_prefix_mask(batch: SharedPrefixBatch) -> torch.Tensor:
     seg, branch = batch.segment_ids, batch.branch_ids
     T = seg.shape[1]
     same_segment = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
-    visible = (branch[:, None, :] == -1) | (branch[:, :, None] == branch[:, None, :])  # key is prompt, or own branch
+    # key is prompt, or own branch
+    visible = (branch[:, None, :] == -1) | (branch[:, :, None] == branch[:, None, :])
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     eye = torch.eye(T, dtype=torch.bool)
     return ((same_segment & visible & causal) | eye)[:, None]
@@ -265,12 +269,13 @@ def shared_prefix_logprobs(model: torch.nn.Module, batch: SharedPrefixBatch,
                     attention_mask=torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device), use_cache=False,
                     shared_prefix_plan=segment_plan(batch, device))
     elif "flash" in impl or impl == "torch_varlen":
-        raise ValueError(f"the shared-prefix layout needs an attention mask or segment attention, which {impl} "
-                         f"is not; load the model with attn_implementation={NAME!r} (after "
+        raise ValueError(f"the shared-prefix layout needs an attention mask or segment attention, which "
+                         f"{impl} is not; load the model with attn_implementation={NAME!r} (after "
                          "dppo_core.shared_prefix.register()) or 'sdpa', or set shared_prefix: false")
     else:
         out = model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
-                    attention_mask=model_attention_mask(model, shared_prefix_mask(batch), device), use_cache=False)
+                    attention_mask=model_attention_mask(model, shared_prefix_mask(batch), device),
+                    use_cache=False)
     flat = batch.pred_rows * batch.input_ids.shape[1] + batch.pred_cols
     return completion_grid(out.logits, flat, batch.targets, batch.completion_lengths, temperature)
 
@@ -282,14 +287,16 @@ class CompletionBlock:
     index: torch.Tensor  # (n, C) long: flattened position of each completion's tokens, 0 past its end
     valid: torch.Tensor  # (n, C) bool
     segment: torch.Tensor  # (n,) long: the segment (so the prompt) of each completion
-    mask: torch.Tensor  # (n, 1, C, P + C) bool, True = attend: its prompt's tokens, then its own earlier tokens
+    mask: torch.Tensor  # (n, 1, C, P + C) bool, True = attend: its prompt's tokens, then its own earlier
+                        # tokens
 
 
 @dataclass
 class SegmentPlan:
     """Index tensors of a :class:`SharedPrefixBatch` for :func:`segment_attention` (positions are flattened,
-    ``row * T + column``): S segments with prompts of at most P tokens, and the completions in blocks of similar
-    length (sorted by length, ``block`` at a time), so that short completions are not padded to the longest."""
+    ``row * T + column``): S segments with prompts of at most P tokens, and the completions in blocks of
+    similar length (sorted by length, ``block`` at a time), so that short completions are not padded to the
+    longest."""
 
     prompt_index: torch.Tensor  # (S, P) long: position of each segment's prompt tokens, 0 past its end
     prompt_valid: torch.Tensor  # (S, P) bool
@@ -298,7 +305,8 @@ class SegmentPlan:
     positions: int  # R * T
 
 
-def _grouped_index(owner: torch.Tensor, positions: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _grouped_index(owner: torch.Tensor, positions: torch.Tensor,
+                   groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(groups, longest) positions of each owner's tokens in position order, and which entries are real."""
     counts = torch.bincount(owner, minlength=groups)
     width = max(1, int(counts.max())) if len(owner) else 1
@@ -312,7 +320,8 @@ def _grouped_index(owner: torch.Tensor, positions: torch.Tensor, groups: int) ->
     return index, valid
 
 
-def segment_plan(batch: SharedPrefixBatch, device: torch.device | str = "cpu", block: int = 32) -> SegmentPlan:
+def segment_plan(batch: SharedPrefixBatch, device: torch.device | str = "cpu",
+                 block: int = 32) -> SegmentPlan:
     """Where each segment's prompt and each completion sit in ``batch``, and who attends to whom; completions
     in blocks of ``block``, by length."""
     seg, branch = batch.segment_ids.reshape(-1), batch.branch_ids.reshape(-1)
@@ -321,7 +330,8 @@ def segment_plan(batch: SharedPrefixBatch, device: torch.device | str = "cpu", b
     n_seg = len(batch.segments)
     prompt_index, prompt_valid = _grouped_index(seg[prompt], pos[prompt], n_seg)
     completion = branch >= 0
-    completion_index, completion_valid = _grouped_index(branch[completion], pos[completion], batch.num_sequences)
+    completion_index, completion_valid = _grouped_index(branch[completion], pos[completion],
+                                                        batch.num_sequences)
     completion_segment = torch.zeros(batch.num_sequences, dtype=torch.long)
     for s, segment_members in enumerate(batch.segments):
         completion_segment[segment_members] = s
@@ -340,8 +350,8 @@ def segment_plan(batch: SharedPrefixBatch, device: torch.device | str = "cpu", b
         blocks.append(CompletionBlock(completion_index[members, :c].to(device), valid.to(device),
                                       completion_segment[members].to(device),
                                       torch.cat([sees_prompt, own], dim=-1)[:, None].to(device)))
-    return SegmentPlan(prompt_index.to(device), prompt_valid.to(device), prompt_mask[:, None].to(device), blocks,
-                       seg.numel())
+    return SegmentPlan(prompt_index.to(device), prompt_valid.to(device), prompt_mask[:, None].to(device),
+                       blocks, seg.numel())
 
 
 def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: SegmentPlan,
@@ -365,11 +375,12 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
     def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # (H, BT, D) -> (groups, H, width, D)
         # index_select, whose backward is an index_add (advanced indexing's is a much slower index_put on CPU)
-        return x.index_select(1, index.reshape(-1)).view(x.shape[0], *index.shape, x.shape[-1]).permute(1, 0, 2, 3)
+        return (x.index_select(1, index.reshape(-1)).view(x.shape[0], *index.shape, x.shape[-1])
+                .permute(1, 0, 2, 3))
 
     def sdpa(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # grouped-query attention: query head i reads key/value head i // (hq / hkv), as transformers' repeat_kv;
-        # the keys are gathered per completion with their own hkv heads and repeated only here
+        # grouped-query attention: query head i reads key/value head i // (hq / hkv), as transformers'
+        # repeat_kv; the keys are gathered per completion with their own hkv heads and repeated only here
         if hkv != hq:
             k_, v_ = k_.repeat_interleave(hq // hkv, dim=1), v_.repeat_interleave(hq // hkv, dim=1)
         return torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, dropout_p=dropout,
@@ -387,28 +398,30 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.reshape(b, t, hq, dv)
 
 
-def segment_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              attention_mask: torch.Tensor | None, dropout: float = 0.0,
+def segment_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
                               scaling: float | None = None, shared_prefix_plan: SegmentPlan | None = None,
                               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The attention function transformers calls for ``attn_implementation=NAME``: :func:`segment_attention`
-    when the forward carries ``shared_prefix_plan`` (the shared-prefix update), transformers' sdpa otherwise."""
+    when the forward carries ``shared_prefix_plan`` (the shared-prefix update), transformers' sdpa
+    otherwise."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     for unsupported in ("softcap", "s_aux"):  # logit soft-capping, attention sinks: neither path applies them
         if kwargs.get(unsupported) is not None:
-            raise ValueError(f"{NAME} does not apply {unsupported} (this model asks for it); load the model with its "
-                             "own attention implementation and set shared_prefix: false")
+            raise ValueError(f"{NAME} does not apply {unsupported} (this model asks for it); load the model "
+                             "with its own attention implementation and set shared_prefix: false")
     if shared_prefix_plan is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    for unsupported in ("sliding_window",):  # the window lives in sdpa's mask, which segment attention has none of
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    # the window lives in sdpa's mask, which segment attention has none of
+    for unsupported in ("sliding_window",):
         if kwargs.get(unsupported) is not None:
-            raise ValueError(f"{NAME} does not apply {unsupported} (this model asks for it); load the model with "
-                             "attn_implementation='sdpa' (the shared prefix then uses an explicit mask)")
+            raise ValueError(f"{NAME} does not apply {unsupported} (this model asks for it); load the model "
+                             "with attn_implementation='sdpa' (the shared prefix then uses an explicit mask)")
     if key.shape[2] != query.shape[2]:
-        raise ValueError(f"{NAME} takes no KV cache in a shared-prefix forward; got query {tuple(query.shape)} "
-                         f"and key {tuple(key.shape)}")
+        raise ValueError(f"{NAME} takes no KV cache in a shared-prefix forward; got query "
+                         f"{tuple(query.shape)} and key {tuple(key.shape)}")
     return segment_attention(query, key, value, shared_prefix_plan, scaling, dropout), None
 
 

@@ -2,7 +2,8 @@
 
 A tiny model trained for a few CPU minutes cannot do competition math, but it can learn arithmetic with a
 spread of difficulty, and a spread is what GRPO learns from and what DPPO's prompt pruning ranks. The task
-has five levels, from one-step small-number problems to multi-step ones, and a sixth beyond the tiny model's reach:
+has five levels, from one-step small-number problems to multi-step ones, and a sixth beyond the tiny model's
+reach:
 
 =====  ====================  ====================================
 level  form                  example
@@ -138,7 +139,8 @@ def _mul_steps(a: int, c: int) -> list[str]:
     tens, units = divmod(a, 10)
     if units == 0:
         return [f"{a}*{c}={a * c}."]
-    return [f"{tens * 10}*{c}={tens * 10 * c}.", f"{units}*{c}={units * c}.", f"{tens * 10 * c}+{units * c}={a * c}."]
+    return [f"{tens * 10}*{c}={tens * 10 * c}.", f"{units}*{c}={units * c}.",
+            f"{tens * 10 * c}+{units * c}={a * c}."]
 
 
 def _worked_steps(p: Problem) -> list[str]:

@@ -9,7 +9,8 @@ makes it a transformers attention implementation::
 
     from dppo_core.varlen import register
     register()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="torch_varlen")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                 attn_implementation="torch_varlen")
 
 (``DPPOConfig.attn_implementation: torch_varlen`` does this for you.) Only a forward that carries
 ``cu_seq_lens_q`` takes the kernel: :func:`~dppo_core.packing.packed_completion_logprobs` passes the packed
@@ -69,7 +70,8 @@ def _kernel() -> tuple[Callable[..., torch.Tensor], frozenset[str]]:
     from torch.nn.attention.varlen import varlen_attn
 
     # typed Tensor | tuple[Tensor, Tensor]: the tuple only with return_aux, which causal_varlen never passes
-    return cast(Callable[..., torch.Tensor], varlen_attn), frozenset(inspect.signature(varlen_attn).parameters)
+    return (cast(Callable[..., torch.Tensor], varlen_attn),
+            frozenset(inspect.signature(varlen_attn).parameters))
 
 
 def causal_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor,
@@ -110,8 +112,9 @@ def causal_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, c
 
 
 def torch_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                                   value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                                   scaling: float | None = None, sliding_window: int | None = None,
+                                   value: torch.Tensor, attention_mask: torch.Tensor | None,
+                                   dropout: float = 0.0, scaling: float | None = None,
+                                   sliding_window: int | None = None,
                                    cu_seq_lens_q: torch.Tensor | None = None,
                                    cu_seq_lens_k: torch.Tensor | None = None,
                                    max_length_q: int | None = None, max_length_k: int | None = None,
@@ -125,11 +128,11 @@ def torch_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor,
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, sliding_window=sliding_window, **kwargs)
     if query.shape[0] != 1 or key.shape[2] != query.shape[2]:
-        raise ValueError(f"torch_varlen takes one flattened row and no KV cache with cu_seq_lens_q; got query "
-                         f"{tuple(query.shape)} and key {tuple(key.shape)}")
+        raise ValueError("torch_varlen takes one flattened row and no KV cache with cu_seq_lens_q; got "
+                         f"query {tuple(query.shape)} and key {tuple(key.shape)}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(
             cu_seq_lens_k.cpu(), cu_seq_lens_q.cpu()):
         raise ValueError("torch_varlen takes the same sequence boundaries for queries and keys")
@@ -138,7 +141,8 @@ def torch_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor,
                          "attn_implementation='sdpa'")
     if dropout:
         raise ValueError("torch_varlen has no attention dropout (the packed update runs in eval mode)")
-    max_length = max_length_q if max_length_q is not None else int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
+    max_length = (max_length_q if max_length_q is not None
+                  else int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max()))
     out = causal_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                         cu_seq_lens_q, int(max_length), scaling)
     return out[None], None

@@ -1,28 +1,28 @@
-"""The supervised warm start: the embedded tiny model (:mod:`dppo_core.models`) fine-tuned on worked solutions.
+"""The supervised warm start: the embedded tiny model (:mod:`dppo_core.models`) fine-tuned on worked
+solutions.
 
-:func:`warm_start` fine-tunes the tiny model on the task's reference solutions (supervised, a few CPU minutes) so
-that RL starts from a policy with a spread of accuracy across the task's levels. The result is cached: the
-directory name is a hash of everything that determines it (:func:`warm_start_name`), so a second call returns at
-once.
+:func:`warm_start` fine-tunes the tiny model on the task's reference solutions (supervised, a few CPU minutes)
+so that RL starts from a policy with a spread of accuracy across the task's levels. The result is cached: the
+directory name is a hash of everything that determines it (:func:`warm_start_name`), so a second call returns
+at once.
 
-The default warm start ships with the package (:data:`SHIPPED_WARM_START`, about 9 MB): ``warm_start()``
-with the default configuration copies it into the cache instead of training, so every machine (a laptop, a
-Colab session, CI) starts from the same weights in seconds (what it then computes can still differ in the last
-bits on another CPU's kernels). It was built by
-``warm_start(force=True)`` on 2 CPU cores of an AMD CPU with the AVX2 kernels pinned (the Makefile's
-``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``); its ``warm_start_log.json`` records that
-:func:`~dppo_core.numerics.kernel_fingerprint`. Its 600 AdamW steps are chaotic in the last bits: rebuilt on
-another CPU, even under the same pins, the weights differ (by up to 0.2 on an Intel CPU with AVX-512) and the model
-is another one (greedy accuracy 0.51 against the shipped model's 0.70 there): which is why the weights ship.
-``tests/system/test_models.py`` rebuilds it from scratch (``make test-rebuild``) and checks that it learned as the
-shipped run did (the loss curve, the mean greedy accuracy; ``benchmarks/warm_start_rebuild.py`` measures both), and
-its weights bit for bit only where the fingerprint matches the recorded one; ``make test`` retrains only the first
-50 steps (``train_warm_start(..., until=50)``) and compares their losses with the shipped log. ``force=True``
-(``dppo build --from-scratch``) always builds.
+The default warm start ships with the package (:data:`SHIPPED_WARM_START`, about 9 MB): ``warm_start()`` with
+the default configuration copies it into the cache instead of training, so every machine (a laptop, a Colab
+session, CI) starts from the same weights in seconds (what it then computes can still differ in the last bits
+on another CPU's kernels). It was built by ``warm_start(force=True)`` on 2 CPU cores of an AMD CPU with the
+AVX2 kernels pinned (the Makefile's ``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``); its
+``warm_start_log.json`` records that :func:`~dppo_core.numerics.kernel_fingerprint`. Its 600 AdamW steps are
+chaotic in the last bits: rebuilt on another CPU, even under the same pins, the weights differ (by up to 0.2
+on an Intel CPU with AVX-512) and the model is another one (greedy accuracy 0.51 against the shipped model's
+0.70 there): which is why the weights ship. ``tests/system/test_models.py`` rebuilds it from scratch (``make
+test-rebuild``) and checks that it learned as the shipped run did (the loss curve, the mean greedy accuracy;
+``benchmarks/warm_start_rebuild.py`` measures both), and its weights bit for bit only where the fingerprint
+matches the recorded one; ``make test`` retrains only the first 50 steps (``train_warm_start(..., until=50)``)
+and compares their losses with the shipped log. ``force=True`` (``dppo build --from-scratch``) always builds.
 
 The training packs examples first-fit (longest first) into rows of ``row_tokens`` (:func:`pack_examples`: not
-:mod:`dppo_core.packing`'s window-greedy packer, whose rows differ, and the shipped weights and every cached warm
-start are this packer's result) and takes the trainer's cosine learning-rate schedule
+:mod:`dppo_core.packing`'s window-greedy packer, whose rows differ, and the shipped weights and every cached
+warm start are this packer's result) and takes the trainer's cosine learning-rate schedule
 (:func:`learning_rate_schedule`).
 """
 
@@ -75,7 +75,8 @@ class WarmStartConfig:
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def warm_start_name(config: WarmStartConfig | None = None, model_config: TinyModelConfig | None = None) -> str:
+def warm_start_name(config: WarmStartConfig | None = None,
+                    model_config: TinyModelConfig | None = None) -> str:
     """The cache directory name (``warm-<key>``) of :func:`warm_start` for these configurations (defaults: the
     default ones)."""
     base = f"tiny-{(model_config or TinyModelConfig()).key()}"  # build_tiny_model's directory name
@@ -175,9 +176,9 @@ def packed_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def learning_rate_schedule(config: WarmStartConfig) -> DPPOConfig:
-    """The warm start's learning-rate schedule as the trainer's (:func:`dppo_core.config.learning_rate_at` of it
-    gives step ``t``'s rate): linear warm-up over ``warmup_steps``, then cosine decay from ``learning_rate`` towards
-    10% of it at step ``steps``."""
+    """The warm start's learning-rate schedule as the trainer's (:func:`dppo_core.config.learning_rate_at` of
+    it gives step ``t``'s rate): linear warm-up over ``warmup_steps``, then cosine decay from
+    ``learning_rate`` towards 10% of it at step ``steps``."""
     return DPPOConfig(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
                       max_steps=max(1, config.steps), lr_schedule="cosine", min_lr_ratio=0.1)
 
@@ -187,9 +188,10 @@ def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig,
     """:func:`warm_start`'s training, in place on ``model``: ``config.steps`` AdamW steps on packed worked or
     direct solutions; returns the loss of every step (rounded to 5 decimals). Leaves ``model`` in eval mode.
 
-    ``until``: stop after the first ``until`` steps of that run (the same data, learning rates and weights as the
-    whole run's first steps, which a shorter ``config.steps`` would not give: the cosine schedule spans
-    ``config.steps``). The start of a rebuild, to compare with a recorded loss curve in seconds rather than minutes.
+    ``until``: stop after the first ``until`` steps of that run (the same data, learning rates and weights as
+    the whole run's first steps, which a shorter ``config.steps`` would not give: the cosine schedule spans
+    ``config.steps``). The start of a rebuild, to compare with a recorded loss curve in seconds rather than
+    minutes.
     """
     if until is not None and not 0 < until <= config.steps:
         raise ValueError(f"until={until!r} must be a step count in 1..{config.steps} (config.steps)")
@@ -211,7 +213,8 @@ def train_warm_start(model: torch.nn.Module, tokenizer, config: WarmStartConfig,
         for step in bar:
             problems = task.sample_train(rng, config.batch_size, config.level_weights)
             styles = ["steps" if rng.random() < config.steps_fraction else "direct" for _ in problems]
-            examples = [encode_example(tokenizer, p, p.solution(s)) for p, s in zip(problems, styles, strict=True)]
+            examples = [encode_example(tokenizer, p, p.solution(s))
+                        for p, s in zip(problems, styles, strict=True)]
             batch = pack_examples(examples, config.row_tokens, tokenizer.pad_token_id)
             for group in opt.param_groups:
                 group["lr"] = learning_rate_at(step, schedule)

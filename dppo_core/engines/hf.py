@@ -28,8 +28,9 @@ from dppo_core.models import encode_prompt
 
 
 @torch.no_grad()
-def sequence_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], start: Sequence[int] | None = None,
-                      temperature: float = 1.0, batch_size: int = 32) -> list[torch.Tensor]:
+def sequence_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
+                      start: Sequence[int] | None = None, temperature: float = 1.0,
+                      batch_size: int = 32) -> list[torch.Tensor]:
     """Log-prob of every token of each sequence given the tokens before it, under ``softmax(logits / T)``.
 
     Returns one float32 CPU tensor per sequence with the log-probs of tokens ``start[i]:`` (default 1:,
@@ -59,7 +60,8 @@ def sequence_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]]
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
             logp = torch.log_softmax(logits.float() / scale, dim=-1)
             # logp[:, t] predicts token t + 1
-            token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()  # (batch, width-1)
+            # (batch, width-1)
+            token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()
             for i, s in enumerate(chunk):
                 out.append(token_logp[i, start[b + i] - 1 : len(s) - 1].clone())
     finally:
@@ -157,14 +159,13 @@ class HFRollout:
     - Models whose cache keeps per-sequence state beyond keys and values (linear-attention or hybrid
       layers) cannot drop rows: their chunks are decoded by ``generate``, with one warning.
 
-    The compact loop's decode steps run :class:`~dppo_core.engines.lean_decode.LeanDecoder` where it supports the model
-    (Llama, Qwen2 and Qwen3 models, plain or with PEFT LoRA adapters: the tiny model, full fine-tuning and
-    LoRA): the same operations as the
-    model's forward without transformers' per-call machinery (mask building, cache concatenation, module
-    calls), bit for bit the forward's logits on CPU in fp32 (tested); on the bench's prompts 1.13-1.32x the
-    tokens per second of the same loop calling the forward (``benchmarks/results/rollout_throughput.md``).
-    Other models (quantised, DoRA or other architectures; ``LeanDecoder.unsupported`` says why) are decoded by
-    their own forward, with the same samples.
+    The compact loop's decode steps run :class:`~dppo_core.engines.lean_decode.LeanDecoder` where it supports
+    the model (Llama, Qwen2 and Qwen3 models, plain or with PEFT LoRA adapters: the tiny model, full
+    fine-tuning and LoRA): the same operations as the model's forward without transformers' per-call machinery
+    (mask building, cache concatenation, module calls), bit for bit the forward's logits on CPU in fp32
+    (tested); on the bench's prompts 1.13-1.32x the tokens per second of the same loop calling the forward
+    (``benchmarks/results/rollout_throughput.md``). Other models (quantised, DoRA or other architectures;
+    ``LeanDecoder.unsupported`` says why) are decoded by their own forward, with the same samples.
 
     Costs it does not remove: every step still draws noise of the chunk's full ``(rows, vocab)`` shape
     (what ``generate`` draws; with a 150k-token vocabulary and 256 rows that is about 150 MB per step; on
@@ -197,13 +198,14 @@ class HFRollout:
         self.lean = lean
         self.stop_ids = stop_ids(model, tokenizer)
         if decode == "compact" and (extra := _generation_config_processors(model)):
-            warnings.warn(f"the model's generation_config asks for {', '.join(extra)}, which HFRollout's compact "
-                          "loop does not apply (it samples softmax(logits / T) within top-p, as vLLM does); "
-                          "decode='generate' would apply them", UserWarning, stacklevel=2)
+            warnings.warn(f"the model's generation_config asks for {', '.join(extra)}, which HFRollout's "
+                          "compact loop does not apply (it samples softmax(logits / T) within top-p, as vLLM "
+                          "does); decode='generate' would apply them", UserWarning, stacklevel=2)
         self._warned_cache = False
 
     def _lean_decoder(self):
-        """A :class:`~dppo_core.engines.lean_decode.LeanDecoder` for the model, or ``None`` where it has none."""
+        """A :class:`~dppo_core.engines.lean_decode.LeanDecoder` for the model, or ``None`` where it has
+        none."""
         from dppo_core.engines.lean_decode import LeanDecoder
 
         return LeanDecoder.for_model(self.model)
@@ -288,16 +290,18 @@ class HFRollout:
         # the prompt once per distinct prompt: a group's G sequences share it, so its keys, values and first
         # logits are computed once and copied to each of them (the same rows of the same padded batch)
         first, copies = (t.to(device) for t in _distinct_rows(prompt_ids))
-        out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first], **pos(positions[first]),
-                         past_key_values=cache, use_cache=True, **last_only)
+        out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first],
+                         **pos(positions[first]), past_key_values=cache, use_cache=True, **last_only)
         logits = _copy_rows(out.logits[:, -1], cache, copies)
         # the decode steps: the lean step where it reproduces the model's forward exactly, else the forward
         lean = self._lean_decoder() if self.lean else None
         if lean is not None:
             lean.start(cache, attention_mask, sampling.max_tokens)
-            del cache, out  # the buffers hold the prompt's keys and values now (out.past_key_values is the cache)
+            # the buffers hold the prompt's keys and values now (out.past_key_values is the cache)
+            del cache, out
         for _ in range(sampling.max_tokens):
-            nxt, lp = _draw(logits.to(device=device, dtype=torch.float32), sampling, rows, n)  # (running,) each
+            # (running,) each
+            nxt, lp = _draw(logits.to(device=device, dtype=torch.float32), sampling, rows, n)
             tokens.append(torch.full((n,), pad_id, dtype=torch.long, device=device).index_put_((rows,), nxt))
             logps.append(torch.zeros(n, dtype=torch.float32, device=device).index_put_((rows,), lp))
             running = ~torch.isin(nxt, stop)  # (running,)
@@ -305,8 +309,8 @@ class HFRollout:
             finite, any_running, all_running = torch.stack(
                 [torch.isfinite(lp).all(), running.any(), running.all()]).tolist()
             if not finite:  # non-finite logits: what torch.multinomial refuses too
-                raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are not "
-                                   "finite (a diverged policy, or an overflow in low precision)")
+                raise RuntimeError("the sampling probabilities contain inf or nan: the model's logits are "
+                                   "not finite (a diverged policy, or an overflow in low precision)")
             if not any_running or len(tokens) == sampling.max_tokens:
                 break
             if not all_running:  # finished sequences leave the batch and the KV cache
@@ -329,12 +333,13 @@ class HFRollout:
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
 
     def _rows_can_leave(self, cache: Any) -> bool:
-        """Whether rows can be dropped from ``cache``; warns once when not (decoding then falls back to generate)."""
+        """Whether rows can be dropped from ``cache``; warns once when not (decoding then falls back to
+        generate)."""
         if _rows_can_leave(cache):
             return True
         if not self._warned_cache:
-            warnings.warn(f"this model's cache layers ({sorted({type(x).__name__ for x in cache.layers})}) keep "
-                          "state that rows cannot be dropped from; decoding with transformers generate",
+            warnings.warn(f"this model's cache layers ({sorted({type(x).__name__ for x in cache.layers})}) "
+                          "keep state that rows cannot be dropped from; decoding with transformers generate",
                           UserWarning, stacklevel=4)
             self._warned_cache = True
         return False
@@ -344,7 +349,8 @@ class HFRollout:
         input_ids, attention_mask = self._left_padded(prompt_ids, pad_id)
         width = input_ids.shape[1]
         greedy = sampling.temperature == 0
-        # a transformers or PEFT causal LM (both have generate); torch types a module's attributes as Tensor | Module
+        # a transformers or PEFT causal LM (both have generate); torch types a module's attributes as Tensor |
+        # Module
         out = cast(Any, self.model).generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -352,7 +358,8 @@ class HFRollout:
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else 0,  # None while sampling means top_k=50, a truncation vLLM does not make
+            # None while sampling means top_k=50, a truncation vLLM does not make
+            top_k=None if greedy else 0,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
             output_scores=True,
@@ -369,16 +376,18 @@ class HFRollout:
 
 
 def _copy_rows(logits: torch.Tensor, cache: Any, copies: torch.Tensor) -> torch.Tensor:
-    """The distinct prompts' last logits and cache rows, copied to every sequence (``copies``: each one's prompt)."""
+    """The distinct prompts' last logits and cache rows, copied to every sequence (``copies``: each one's
+    prompt)."""
     if len(copies) > logits.shape[0]:
         cache.batch_select_indices(copies)
         logits = logits[copies]
     return logits
 
 
-def _draw(scores: torch.Tensor, sampling: SamplingConfig, rows: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
-    """Each running sequence's next token from its float32 logits ``scores`` (running, vocab), and its log-prob
-    under the sampling distribution (after temperature and top-p); greedy at temperature 0."""
+def _draw(scores: torch.Tensor, sampling: SamplingConfig, rows: torch.Tensor,
+          n: int) -> tuple[torch.Tensor, ...]:
+    """Each running sequence's next token from its float32 logits ``scores`` (running, vocab), and its
+    log-prob under the sampling distribution (after temperature and top-p); greedy at temperature 0."""
     if sampling.temperature == 0:
         nxt = scores.argmax(-1)
     else:
@@ -423,7 +432,8 @@ def _rows_can_leave(cache: Any) -> bool:
 #: generation_config fields (with their no-op values) whose processors transformers generate applies and
 #: the compact loop does not
 _IGNORED_GENERATION_FIELDS: dict[str, Any] = {
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
     "min_length": 0, "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
     "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None, "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0, "min_p": None, "typical_p": 1.0, "exponential_decay_length_penalty": None,

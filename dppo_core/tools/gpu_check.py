@@ -9,24 +9,25 @@ Qwen3's 151,936: the LM head and the log-softmax are much smaller than the real 
 
     cuda         the device and its memory (on CPU: says which checks below are skipped)
     packing      packed == padded completion log-probs, loss and gradient, on the route the update takes:
-                 ``mask`` (sdpa with a block-diagonal mask; every device) and ``varlen``, with flash-attention's
-                 variable-length kernel (CUDA with flash-attn) and with PyTorch's own (``torch_varlen``, CUDA,
-                 :mod:`dppo_core.varlen`). A negative control lets attention cross the
-                 sequence boundaries of the same rows and must differ by far more than the packed result.
-    lean decode  the rollout's lean decode step (:mod:`dppo_core.engines.lean_decode`) against the model's forward:
-                 logits over 8 decode steps with left padding and rows leaving.
+                 ``mask`` (sdpa with a block-diagonal mask; every device) and ``varlen``, with
+                 flash-attention's variable-length kernel (CUDA with flash-attn) and with PyTorch's own
+                 (``torch_varlen``, CUDA, :mod:`dppo_core.varlen`). A negative control lets attention cross
+                 the sequence boundaries of the same rows and must differ by far more than the packed result.
+    lean decode  the rollout's lean decode step (:mod:`dppo_core.engines.lean_decode`) against the model's
+                 forward: logits over 8 decode steps with left padding and rows leaving.
     qlora        LoRA on a 4-bit NF4 base (bitsandbytes; its CUDA kernels on a GPU): one update step, the
                  adapter moves, the base stays 4-bit, the loss and gradients are finite.
     vllm         an engine colocated with the trainer: the memory it takes (``gpu_memory_utilization``),
                  sleep and wake around an update (CUDA), full-weight and LoRA-adapter sync measured as the
                  log-prob mismatch between engine and trainer after a sync (against a stale-engine control).
     step METHOD  one training step of every method (``DPPOTrainer.train_step``, as ``dppo train`` runs it),
-                 with a stand-in reward (:func:`dppo_core.tools.bench.systems.synthetic_reward`: random weights
-                 get every answer wrong): time per phase and peak memory.
+                 with a stand-in reward (:func:`dppo_core.tools.bench.systems.synthetic_reward`: random
+                 weights get every answer wrong): time per phase and peak memory.
 
-This module holds the device, QLoRA and step checks and :func:`run_gpu_checks`; the layouts' exactness (packing,
-the shared prefix's segment attention, the lean decode step) is :mod:`dppo_core.tools.gpu_check_layouts`, the
-rollout engines' (rollout correction, vLLM) :mod:`dppo_core.tools.gpu_check_rollouts`.
+This module holds the device, QLoRA and step checks and :func:`run_gpu_checks`; the layouts' exactness
+(packing, the shared prefix's segment attention, the lean decode step) is
+:mod:`dppo_core.tools.gpu_check_layouts`, the rollout engines' (rollout correction, vLLM)
+:mod:`dppo_core.tools.gpu_check_rollouts`.
 
 Each check is a :class:`dppo_core.tools.doctor.Check`: ``OK``, ``FAIL`` (with the reason and what to do) or
 ``SKIP`` (with why: on CPU, what needs CUDA). :func:`run_gpu_checks` never raises.
@@ -87,13 +88,15 @@ def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
     try:
         reset_peak(device)
         t0 = time.perf_counter()
-        config = DPPOConfig(model=str(model_dir), update_mode="qlora4", lora_r=8, lora_alpha=16, device=device.type)
+        config = DPPOConfig(model=str(model_dir), update_mode="qlora4", lora_r=8, lora_alpha=16,
+                            device=device.type)
         with quiet():
             model, tokenizer = load_policy(config, str(model_dir), device)
             import bitsandbytes as bnb
         quantized = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
         if not quantized:
-            return Check("qlora", "FAIL", "no bitsandbytes Linear4bit layer after loading with qlora4", "report it")
+            return Check("qlora", "FAIL", "no bitsandbytes Linear4bit layer after loading with qlora4",
+                         "report it")
         weight = quantized[0].weight
         where = f"{len(quantized)} Linear4bit layers, weights {weight.dtype} on {weight.device}"
         lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -105,7 +108,8 @@ def check_qlora(model_dir: str | Path, device: torch.device) -> Check:
                                                      tokenizer.pad_token_id or 0)
             loss = -(lp.float() * mask).sum() / mask.sum()
             loss.backward()
-        grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+        grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()
+                           if p.grad is not None)
         optimizer.step()
         moved = sum(not torch.equal(p.detach(), lora[n]) for n, p in model.named_parameters() if n in lora)
         frozen_base = all(not p.requires_grad for p in (m.weight for m in quantized))
@@ -157,14 +161,16 @@ def check_steps(model_dir: str | Path, device: torch.device, methods: Sequence[s
         for method in methods:
             name = f"step {method}"
             try:
-                config = method_config(preset, method, 0, tmp).with_overrides(step_overrides(device, model_dir))
+                config = method_config(preset, method, 0, tmp).with_overrides(
+                    step_overrides(device, model_dir))
                 (record,), engine = train_steps(method, config, 1, engine)
                 finite = all(torch.isfinite(torch.tensor(float(record[k])))
                              for k in ("loss", "grad_norm") if k in record)
                 if device.type == "cuda" and config.rollout_engine == "hf":  # vLLM is not installed
                     name = f"step {method} (hf rollouts)"
                 check = (Check(name, "OK", format_step(record)) if finite else
-                         Check(name, "FAIL", f"non-finite loss or gradient norm: {format_step(record)}", "report it"))
+                         Check(name, "FAIL", f"non-finite loss or gradient norm: {format_step(record)}",
+                               "report it"))
             except Exception as exc:  # noqa: BLE001
                 check = Check(name, "FAIL", f"crashed ({describe_error(exc)})", "report it with this output")
             checks.append(check)
@@ -194,9 +200,11 @@ def run_gpu_checks(shape: str | None = None, cache_dir: str | Path | None = None
     try:
         t0 = time.perf_counter()
         with quiet():
-            model_dir = build_shaped_model(shape, cache_dir, dtype="bfloat16" if device.type == "cuda" else "float32")
-        emit(Check("model", "OK", f"Qwen3 layers of shape {shape!r} ({asdict(SHAPES[shape])}), random weights, "
-                                  f"embedded tokenizer; built or found in {time.perf_counter() - t0:.0f} s"))
+            model_dir = build_shaped_model(shape, cache_dir,
+                                           dtype="bfloat16" if device.type == "cuda" else "float32")
+        emit(Check("model", "OK", f"Qwen3 layers of shape {shape!r} ({asdict(SHAPES[shape])}), random "
+                                  "weights, embedded tokenizer; built or found in "
+                                  f"{time.perf_counter() - t0:.0f} s"))
     except Exception as exc:  # noqa: BLE001
         emit(Check("model", "FAIL", f"could not build the {shape!r} model ({describe_error(exc)})",
                    "set DPPO_CACHE_DIR to a writable directory with room"))

@@ -1,11 +1,12 @@
-"""The update's layouts in ``dppo doctor --gpu`` (:mod:`dppo_core.tools.gpu_check`): each must give what the padded
-layout gives, within a :class:`Tolerance` (fp32 on CPU, bf16 on CUDA), and a negative control must not.
+"""The update's layouts in ``dppo doctor --gpu`` (:mod:`dppo_core.tools.gpu_check`): each must give what the
+padded layout gives, within a :class:`Tolerance` (fp32 on CPU, bf16 on CUDA), and a negative control must not.
 
     packing       packed == padded completion log-probs, loss and gradient, on the route the update takes
-                  (:func:`check_packing`: the mask route, flash-attention's varlen kernel, PyTorch's own); the control
-                  lets attention cross the sequence boundaries of the same rows (:func:`boundary_crossing`).
-    shared prefix segment attention (each prompt once per group) == padded (:func:`check_shared_prefix`); the control
-                  gives each completion another group's prompt.
+                  (:func:`check_packing`: the mask route, flash-attention's varlen kernel, PyTorch's own); the
+                  control lets attention cross the sequence boundaries of the same rows
+                  (:func:`boundary_crossing`).
+    shared prefix segment attention (each prompt once per group) == padded (:func:`check_shared_prefix`); the
+                  control gives each completion another group's prompt.
     lean decode   the rollout's lean decode step == the model's forward logits (:func:`check_lean_decode`).
 """
 
@@ -59,7 +60,8 @@ def boundary_crossing(batch):
     return replace(batch, seq_ids=torch.where(real, row_id, -1), position_ids=torch.where(real, positions, 0))
 
 
-def _loss_and_grad(model, logprobs: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor) -> tuple[float, torch.Tensor]:
+def _loss_and_grad(model, logprobs: torch.Tensor, mask: torch.Tensor,
+                   adv: torch.Tensor) -> tuple[float, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     loss = -(logprobs.float() * mask * adv[:, None]).sum() / mask.sum()
     loss.backward()
@@ -68,15 +70,16 @@ def _loss_and_grad(model, logprobs: torch.Tensor, mask: torch.Tensor, adv: torch
 
 
 def _compare(tol: Tolerance, mask: torch.Tensor, lp_ref: torch.Tensor, loss_ref: float, g_ref: torch.Tensor,
-             lp: torch.Tensor, loss: float, g: torch.Tensor, lp_ctrl: torch.Tensor, control: str) -> tuple[bool, str]:
+             lp: torch.Tensor, loss: float, g: torch.Tensor, lp_ctrl: torch.Tensor,
+             control: str) -> tuple[bool, str]:
     """A layout's log-probs, loss and gradient against the padded reference's, and its control's distance."""
     m = mask.bool()
     d = (lp.float() - lp_ref.float())[m].abs()
     d_ctrl = (lp_ctrl.float() - lp_ref.float())[m].abs()
     grad_rel = ((g - g_ref).norm() / g_ref.norm().clamp_min(1e-30)).item()
     ratio = d_ctrl.mean().item() / max(d.mean().item(), 1e-12)
-    numbers = (f"mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), loss {loss:.4f} vs {loss_ref:.4f}, gradient "
-               f"rel. diff {grad_rel:.1e}; {control} control {d_ctrl.mean():.1e} ({ratio:.3g}x)")
+    numbers = (f"mean |Δ log-prob| {d.mean():.1e} (max {d.max():.1e}), loss {loss:.4f} vs {loss_ref:.4f}, "
+               f"gradient rel. diff {grad_rel:.1e}; {control} control {d_ctrl.mean():.1e} ({ratio:.3g}x)")
     ok = (d.mean() <= tol.logprob_mean and d.max() <= tol.logprob_max and grad_rel <= tol.grad_rel
           and ratio >= tol.control_ratio and abs(loss - loss_ref) <= max(tol.logprob_mean, 1e-6) * 10)
     return bool(ok), numbers
@@ -126,10 +129,11 @@ def check_packing(model_dir: str | Path, device: torch.device, *, attention: str
         if device.type != "cuda":
             return Check(name, "SKIP", "flash-attention's variable-length kernel needs CUDA")
         if not flash_attention_available():
-            return Check(name, "WARN", "flash-attn does not import here, so a packed update on this GPU takes the "
-                                       "mask route (exact, but attention over whole rows: R·T² scores instead of "
-                                       "Σ L²)", "pip install flash-attn --no-build-isolation   (then "
-                                                "attn_implementation=auto uses it)")
+            return Check(name, "WARN", "flash-attn does not import here, so a packed update on this GPU "
+                                       "takes the mask route (exact, but attention over whole rows: R·T² "
+                                       "scores instead of Σ L²)",
+                         "pip install flash-attn --no-build-isolation   (then "
+                         "attn_implementation=auto uses it)")
     big = device.type == "cuda"
     return _layout_check(name, model_dir, device, attention, lambda model, tol: packing_case(
         model, route, tol, n=12 if big else 6, prompt=(40, 200) if big else (4, 20),
@@ -149,7 +153,8 @@ def _layout_check(name: str, model_dir: str | Path, device: torch.device, attent
     tol = BF16 if dtype == torch.bfloat16 else FP32
     try:
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype,
+                                                         attn_implementation=attention)
             model.to(device)
         ok, numbers = case(model, tol)
     except Exception as exc:  # noqa: BLE001
@@ -164,8 +169,9 @@ def _layout_check(name: str, model_dir: str | Path, device: torch.device, attent
 
 def shared_prefix_case(model, tol: Tolerance, *, groups: int, per_group: int, prompt: tuple[int, int],
                        completion: tuple[int, int], pad_id: int) -> tuple[bool, str]:
-    """Segment attention (the shared-prefix update's default route, one unpadded row) against the padded layout
-    for one model, with a control that lets each completion read another group's prompt: (passed, numbers)."""
+    """Segment attention (the shared-prefix update's default route, one unpadded row) against the padded
+    layout for one model, with a control that lets each completion read another group's prompt: (passed,
+    numbers)."""
     import dataclasses
 
     from dppo_core import shared_prefix
@@ -194,13 +200,15 @@ def shared_prefix_case(model, tol: Tolerance, *, groups: int, per_group: int, pr
     wrong = dataclasses.replace(batch, segments=batch.segments[1:] + batch.segments[:1])
     with torch.no_grad():
         lp_ctrl = in_input_order(wrong)
-    ok, numbers = _compare(tol, mask, lp_pad, loss_pad, g_pad, lp_seg, loss_seg, g_seg, lp_ctrl, "other-prompt")
+    ok, numbers = _compare(tol, mask, lp_pad, loss_pad, g_pad, lp_seg, loss_seg, g_seg, lp_ctrl,
+                           "other-prompt")
     return ok, (f"{len(seqs)} sequences in {groups} groups, {batch.real_tokens} tokens in one row (unshared "
                 f"{batch.unshared_tokens}), {numbers}")
 
 
 def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
-    """The shared-prefix update through segment attention equals the padded layout (log-probs, loss, gradient)."""
+    """The shared-prefix update through segment attention equals the padded layout (log-probs, loss,
+    gradient)."""
     from dppo_core import shared_prefix
 
     shared_prefix.register()
@@ -211,8 +219,8 @@ def check_shared_prefix(model_dir: str | Path, device: torch.device) -> Check:
                              prompt=(40, 200) if big else (4, 20), completion=(20, 400) if big else (3, 30),
                              pad_id=model.config.pad_token_id or 0),
                          crash_fix="train with shared_prefix=false and report this line",
-                         fail_fix="the shared-prefix update is not exact here: train with shared_prefix=false and "
-                                  "report this line")
+                         fail_fix="the shared-prefix update is not exact here: train with "
+                                  "shared_prefix=false and report this line")
 
 
 def check_lean_decode(model_dir: str | Path, device: torch.device) -> Check:

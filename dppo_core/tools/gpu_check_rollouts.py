@@ -1,10 +1,12 @@
-"""The rollout engines in ``dppo doctor --gpu`` (:mod:`dppo_core.tools.gpu_check`): how far each engine's log-probs
-are from the training forward's, and what ``rollout_correction`` would weigh them by (:func:`correction_summary`).
+"""The rollout engines in ``dppo doctor --gpu`` (:mod:`dppo_core.tools.gpu_check`): how far each engine's
+log-probs are from the training forward's, and what ``rollout_correction`` would weigh them by
+(:func:`correction_summary`).
 
     rollout correction (hf)  the transformers engine against the update (:func:`check_rollout_correction`).
-    vllm                     an engine colocated with the trainer (:func:`check_vllm`): the memory it takes and gives
-                             back asleep (CUDA), full-weight and LoRA-adapter sync measured as the log-prob mismatch
-                             after a sync, against a stale engine (weights moved by :func:`perturb`) as the control.
+    vllm                     an engine colocated with the trainer (:func:`check_vllm`): the memory it takes
+                             and gives back asleep (CUDA), full-weight and LoRA-adapter sync measured as the
+                             log-prob mismatch after a sync, against a stale engine (weights moved by
+                             :func:`perturb`) as the control.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from dppo_core.tools.doctor import Check, describe_error, quiet
 
 
 def correction_summary(model: torch.nn.Module, batch, cap: float = 2.0) -> tuple[float, str]:
-    """The engine's mismatch on ``batch`` and what ``rollout_correction`` would do with it: (mean token weight,
-    one line with max |log π − log μ| and, per level, the mean weight and the share of tokens truncated at C)."""
+    """The engine's mismatch on ``batch`` and what ``rollout_correction`` would do with it: (mean token
+    weight, one line with max |log π − log μ| and, per level, the mean weight and the share of tokens
+    truncated at C)."""
     from dppo_core.grpo import truncated_importance_weights
     from dppo_core.rollout import completion_logprobs
 
     train = completion_logprobs(model, batch)
     rows = [(lp.float().cpu(), torch.tensor(c.logprobs, dtype=torch.float32))
-            for g, lps in zip(batch.groups, train, strict=True) for c, lp in zip(g.completions, lps, strict=True)
+            for g, lps in zip(batch.groups, train, strict=True)
+            for c, lp in zip(g.completions, lps, strict=True)
             if c.length]
     logp = torch.nn.utils.rnn.pad_sequence([r[0] for r in rows], batch_first=True)
     mu = torch.nn.utils.rnn.pad_sequence([r[1] for r in rows], batch_first=True)
@@ -37,8 +41,8 @@ def correction_summary(model: torch.nn.Module, batch, cap: float = 2.0) -> tuple
     for level in ("token", "sequence"):
         w = truncated_importance_weights(logp, mu, cap, level=level, mask=mask)[mask]
         means[level] = w.mean().item()
-        parts.append(f"{level} weights mean {means[level]:.4f}, {(w >= cap).float().mean().item():.1%} truncated "
-                     f"at C={cap:g}")
+        parts.append(f"{level} weights mean {means[level]:.4f}, {(w >= cap).float().mean().item():.1%} "
+                     f"truncated at C={cap:g}")
     return means["token"], "; ".join(parts)
 
 
@@ -63,9 +67,10 @@ def check_rollout_correction(model_dir: str | Path, device: torch.device) -> Che
     finally:
         free_cuda()
     ok = abs(mean - 1) <= 0.05  # the engine is the policy itself: its weights stay near 1
-    return Check("rollout correction (hf)", "OK" if ok else "FAIL", f"{str(dtype).removeprefix('torch.')}: {detail}",
-                 "" if ok else "the rollout's log-probs are far from the update's: set rollout_correction=token and "
-                               "report this line")
+    return Check("rollout correction (hf)", "OK" if ok else "FAIL",
+                 f"{str(dtype).removeprefix('torch.')}: {detail}",
+                 "" if ok else "the rollout's log-probs are far from the update's: set "
+                               "rollout_correction=token and report this line")
 
 
 def _prompts(n: int) -> list[list[dict[str, str]]]:
@@ -83,7 +88,8 @@ def perturb(model: torch.nn.Module, scale: float = 0.02, seed: int = 1) -> None:
 
 
 def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
-    """A colocated engine: memory, sleep/wake (CUDA), full-weight and LoRA sync measured by log-prob mismatch."""
+    """A colocated engine: memory, sleep/wake (CUDA), full-weight and LoRA sync measured by log-prob
+    mismatch."""
     import importlib.util
 
     from dppo_core.models import load_model
@@ -123,10 +129,11 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
                       f"{torch.cuda.get_device_properties(device).total_memory / GiB:.0f} GiB), sleep gives "
                       f"{released / GiB:.1f} GiB back to training")
             checks.append(Check("vllm sleep/wake", "OK" if released >= 0.5 * taken else "FAIL", detail,
-                                "" if released >= 0.5 * taken else "vLLM's sleep mode is not releasing memory: "
-                                "check vllm's version (enable_sleep_mode needs CUDA)"))
+                                "" if released >= 0.5 * taken else "vLLM's sleep mode is not releasing "
+                                "memory: check vllm's version (enable_sleep_mode needs CUDA)"))
         else:
-            checks.append(Check("vllm sleep/wake", "SKIP", "sleep mode needs CUDA (on CPU the engine stays awake)"))
+            checks.append(Check("vllm sleep/wake", "SKIP",
+                                "sleep mode needs CUDA (on CPU the engine stays awake)"))
         in_step = logprob_mismatch(model, batch)
         perturb(model)
         stale = logprob_mismatch(model, batch)
@@ -140,8 +147,9 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
         checks.append(Check("vllm weight sync", "OK" if ok else "FAIL",
                             f"started in {start_s:.0f} s; mean |engine - trainer log-prob| "
                             f"{in_step.mean_abs:.1e} before "
-                            f"any update, {stale.mean_abs:.1e} after an update without sync, {synced.mean_abs:.1e} "
-                            f"after a {sync_s:.2f} s sync (max {synced.max_abs:.1e}, {synced.num_tokens} tokens)",
+                            f"any update, {stale.mean_abs:.1e} after an update without sync, "
+                            f"{synced.mean_abs:.1e} after a {sync_s:.2f} s sync (max {synced.max_abs:.1e}, "
+                            f"{synced.num_tokens} tokens)",
                             "" if ok else "weights do not reach the engine: report this line"))
         engine.close()
         engine = None
@@ -149,7 +157,8 @@ def check_vllm(model_dir: str | Path, device: torch.device) -> list[Check]:
         free_cuda()
         checks.append(_check_vllm_lora(model_dir, device, dtype, tol, sampling, prompts, kwargs))
     except Exception as exc:  # noqa: BLE001
-        checks.append(Check("vllm", "FAIL", f"crashed ({describe_error(exc)})", "run `dppo doctor` for vLLM's install"))
+        checks.append(Check("vllm", "FAIL", f"crashed ({describe_error(exc)})",
+                            "run `dppo doctor` for vLLM's install"))
     finally:
         if engine is not None:
             engine.close()

@@ -37,3 +37,21 @@ def test_the_trl_peer_refuses_a_plan_trl_cannot_run(tmp_path, overrides):
     config = DPPOConfig(**overrides)
     with pytest.raises(BenchError, match="rollout_plan: auto"):
         trl_grpo_args(config, tmp_path, "trl_dppo")
+
+
+def test_the_bench_marks_the_methods_whose_plan_changes_the_objective():
+    """The bench's speedup tables mark a method whose rollout plan is not exact (`†`), read from the registry
+    through each method's config, so a new inexact plan is marked without naming it in the tables."""
+    from dppo_core.tools.bench.tables import changed_objective, format_speedups_vs
+
+    configs = {"grpo_skip": {"rollout_plan": "auto", "pilot_size": 0},
+               "dppo_pilot": {"rollout_plan": "auto", "pilot_size": 2},
+               "grpo_skip_filtered": {"rollout_plan": "offline_filter", "pilot_size": 0},
+               "dapo_sampling": {"rollout_plan": "dynamic_sampling", "pilot_size": 0}}
+    assert changed_objective(configs) == {"grpo_skip_filtered": "offline_filter", "dapo_sampling": "dynamic_sampling"}
+    entry = {"time_to_target": 1.2, "ci95": [1.0, 1.4], "accuracy_at_equal_time": 0.6,
+             "by_target": {"0.95": {"time_to_target": 1.2, "ci95": [1.0, 1.4], "n": 3, "missed": 0}}}
+    text = "\n".join(format_speedups_vs({"configs": configs, "speedup_vs": {"grpo_skip": {
+        m: entry for m in ("grpo_skip", "dppo_pilot", "grpo_skip_filtered")}}}))
+    assert "| `grpo_skip_filtered` † |" in text and "| `dppo_pilot` |" in text
+    assert "(`offline_filter`) is not exact" in text and "dynamic_sampling" not in text

@@ -164,7 +164,8 @@ def test_the_persistence_presets_put_more_of_the_pool_on_level_6_and_change_noth
     from collections import Counter
 
     from dppo_core.data import build_prompt_source
-    from dppo_core.tools.bench.presets import BENCH_PRESETS, PERSISTENCE_SHARES, method_config, persistence_steps
+    from dppo_core.tools.bench.cpu_settings import PERSISTENCE_SHARES, persistence_steps
+    from dppo_core.tools.bench.presets import BENCH_PRESETS, method_config
 
     realistic = method_config(BENCH_PRESETS["cpu-realistic"], "grpo_skip", 1, tmp_path)
     counts = [Counter(row["level"] for row in build_prompt_source(realistic).rows)[6]]

@@ -15,10 +15,11 @@ Measured per run, from its ``metrics.jsonl`` and ``eval.jsonl`` (kept in ``DIR/r
 - held-out accuracy at every evaluation: sampled (T=1) and greedy, mean over the trained levels and per level;
 - time to target: the training time at which the sampled accuracy first reaches the target,
   ``TARGET_FRACTION`` (95%) of GRPO's final sampled accuracy (mean over seeds), interpolated linearly between
-  the last evaluation below it and the first at or above it (:func:`~dppo_core.tools.bench.summary.time_to_target`,
-  the one definition every table uses). A run whose first evaluation already reaches it has that evaluation's
-  time (0 before training); a run that never reaches it has None, and a method whose seeds do not all reach
-  it has no mean time (``time_to_target_reached`` says how many did).
+  the last evaluation below it and the first at or above it
+  (:func:`~dppo_core.tools.bench.summary.time_to_target`, the one definition every table uses). A run whose
+  first evaluation already reaches it has that evaluation's time (0 before training); a run that never reaches
+  it has None, and a method whose seeds do not all reach it has no mean time (``time_to_target_reached`` says
+  how many did).
 
 Over seeds every number is a mean (``after_std`` is the standard deviation of the final accuracy over
 seeds); per-seed numbers stay in ``bench.json`` under ``runs``. Against ``grpo``:
@@ -48,23 +49,25 @@ Departures of the TRL peers (``trl_grpo``, ``trl_dppo``; :func:`trl_grpo_args`) 
    packing, so it has ``packing: false``, and TRL's sampler draws a fixed generation batch, so it has
    ``dense_prompts: false`` (the candidate window is the batch).
 
-The package: :mod:`~dppo_core.tools.bench.presets` (methods, presets, configurations), :mod:`~dppo_core.tools.bench.run`
-(running the bench), :mod:`~dppo_core.tools.bench.peers` and :mod:`~dppo_core.tools.bench.trl_runner` (the TRL
-peers), :mod:`~dppo_core.tools.bench.summary` (pure functions of the logs), :mod:`~dppo_core.tools.bench.report`
-(``bench.json``), :mod:`~dppo_core.tools.bench.tables` (the printed, Markdown and README tables) and
-:mod:`~dppo_core.tools.bench.plots` (the plots). Every public name is importable from ``dppo_core.tools.bench``.
+The package: :mod:`~dppo_core.tools.bench.presets` (methods, presets, configurations),
+:mod:`~dppo_core.tools.bench.cpu_settings` (what the CPU presets share, the cpu-realistic pool, the
+persistence map), :mod:`~dppo_core.tools.bench.run` (running the bench), :mod:`~dppo_core.tools.bench.peers`
+and :mod:`~dppo_core.tools.bench.trl_runner` (the TRL peers), :mod:`~dppo_core.tools.bench.summary` (pure
+functions of the logs), :mod:`~dppo_core.tools.bench.report` (``bench.json``),
+:mod:`~dppo_core.tools.bench.tables` (the printed, Markdown and README tables) and
+:mod:`~dppo_core.tools.bench.plots` (the plots). Every public name is importable from
+``dppo_core.tools.bench``.
 """
 
 from __future__ import annotations
 
+from dppo_core.tools.bench.cpu_settings import CPU_BENCH_METHODS, CPU_BENCH_SETTING
 from dppo_core.tools.bench.evals import bench_evaluation
 from dppo_core.tools.bench.peers import TRL_INSTALL_HINT, TRL_PEERS, TRLPeer, require_trl, trl_grpo_args
 from dppo_core.tools.bench.plots import plot_bench
 from dppo_core.tools.bench.presets import (
     BATCH_MATCHED,
     BENCH_PRESETS,
-    CPU_BENCH_METHODS,
-    CPU_BENCH_SETTING,
     DEFAULT_METHODS,
     DERIVED_METHODS,
     DPPO_PRUNING,
@@ -123,12 +126,13 @@ from dppo_core.tools.bench.tables import (
 __all__ = [
     "BATCH_MATCHED", "BENCH_PRESETS", "BenchError", "BenchPreset", "CPU_BENCH_METHODS", "CPU_BENCH_SETTING",
     "DEFAULT_METHODS", "DERIVED_METHODS", "DPPO_PRUNING", "HALF_BATCH_METHODS", "METHODS", "METHOD_OVERRIDES",
-    "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS", "TARGET_FRACTION", "TRLPeer", "TRL_INSTALL_HINT",
-    "TRL_PEERS", "UNTRAINED_TINY", "accuracy_at_time", "aggregate_runs", "bench_evaluation", "bench_preset",
-    "build_configs", "check_batch_matched", "check_batch_matched_methods", "check_methods", "committed_result",
-    "compare", "describe_machine", "describe_presets", "format_levels", "format_markdown", "format_table",
-    "interleaved", "machine_load", "matched_prompts_per_step", "method_config", "method_lineage", "method_settings",
-    "paired_speedups", "plot_bench", "read_jsonl", "reference_method", "require_trl", "run_bench", "run_dir",
-    "run_method", "run_ours", "speedups_vs", "split_overrides", "subset_scores", "summarize_bench", "summarize_run",
-    "time_to_target", "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme", "write_bench",
+    "NOTES", "PHASES", "README_MARKERS", "REFERENCE_METHODS", "TARGET_FRACTION", "TRLPeer",
+    "TRL_INSTALL_HINT", "TRL_PEERS", "UNTRAINED_TINY", "accuracy_at_time", "aggregate_runs",
+    "bench_evaluation", "bench_preset", "build_configs", "check_batch_matched", "check_batch_matched_methods",
+    "check_methods", "committed_result", "compare", "describe_machine", "describe_presets", "format_levels",
+    "format_markdown", "format_table", "interleaved", "machine_load", "matched_prompts_per_step",
+    "method_config", "method_lineage", "method_settings", "paired_speedups", "plot_bench", "read_jsonl",
+    "reference_method", "require_trl", "run_bench", "run_dir", "run_method", "run_ours", "speedups_vs",
+    "split_overrides", "subset_scores", "summarize_bench", "summarize_run", "time_to_target",
+    "token_cost_bound", "token_costs", "trl_grpo_args", "update_readme", "write_bench",
 ]

@@ -16,7 +16,8 @@ def bench_evaluation(config: DPPOConfig, engine: Any, step: int, preset: BenchPr
     from dppo_core.evaluate import evaluate_policy
 
     if config.task != "arithmetic" and not preset.eval_benchmarks:
-        raise BenchError(f"task={config.task!r} has no held-out levels; give the bench preset eval_benchmarks")
+        raise BenchError(f"task={config.task!r} has no held-out levels; give the bench preset "
+                         "eval_benchmarks")
     return evaluate_policy(config, engine, step, preset.eval_benchmarks, preset.eval_limit)
 
 

@@ -1,4 +1,5 @@
-"""The TRL peers: bench methods trained by a TRL trainer class instead of ours, logged and evaluated like ours.
+"""The TRL peers: bench methods trained by a TRL trainer class instead of ours, logged and evaluated like
+ours.
 
 - ``trl_grpo``: TRL's ``GRPOTrainer`` on the grpo configuration (plain GRPO).
 - ``trl_dppo``: ``dppo_core.integrations.trl.DPPOGRPOTrainer`` (a ``GRPOTrainer`` subclass) on the dppo
@@ -60,7 +61,8 @@ def require_trl(method: str = "trl_grpo") -> tuple[type, type]:
             from trl import GRPOConfig, GRPOTrainer
     except ImportError as exc:
         raise BenchError(f"method {method!r} needs Hugging Face TRL, which is not installed ({exc}): "
-                         f"{TRL_INSTALL_HINT}, or leave {method} out (--methods grpo dppo cppo greso)") from exc
+                         f"{TRL_INSTALL_HINT}, or leave {method} out "
+                         "(--methods grpo dppo cppo greso)") from exc
     return GRPOConfig, GRPOTrainer
 
 
@@ -91,16 +93,17 @@ def peer_trainer_kwargs(method: str, config: DPPOConfig) -> dict[str, Any]:
 
 
 def trl_lr_schedule(config: DPPOConfig) -> dict[str, Any]:
-    """``config``'s learning-rate schedule in ``transformers.TrainingArguments`` terms (the same warm-up, then the
-    same decay over ``max_steps``; transformers' warm-up starts one step lower, at 0)."""
+    """``config``'s learning-rate schedule in ``transformers.TrainingArguments`` terms (the same warm-up, then
+    the same decay over ``max_steps``; transformers' warm-up starts one step lower, at 0)."""
     if config.lr_schedule == "constant":
         return {"lr_scheduler_type": "constant_with_warmup" if config.warmup_steps else "constant"}
     if config.min_lr_ratio == 0.0:
         return {"lr_scheduler_type": config.lr_schedule}
     if config.lr_schedule == "cosine":
-        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": config.min_lr_ratio}}
-    raise BenchError(f"lr_schedule=linear with min_lr_ratio={config.min_lr_ratio} has no transformers scheduler for "
-                     "the TRL peer; use lr_schedule=cosine, or min_lr_ratio=0")
+        return {"lr_scheduler_type": "cosine_with_min_lr",
+                "lr_scheduler_kwargs": {"min_lr_rate": config.min_lr_ratio}}
+    raise BenchError(f"lr_schedule=linear with min_lr_ratio={config.min_lr_ratio} has no transformers "
+                     "scheduler for the TRL peer; use lr_schedule=cosine, or min_lr_ratio=0")
 
 
 def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl_grpo") -> dict[str, Any]:
@@ -120,8 +123,8 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
 
     plan = registry.ROLLOUT_PLANS[registry.plan_name(config.rollout_plan, config.pilot_size)]
     if not plan.trl:  # TRL generates each group in one call of its own: no plan but the plain one runs there
-        raise BenchError(f"{method} runs TRL's own rollouts, which have no {plan.name} plan: set rollout_plan: auto "
-                         "and pilot_size: 0 for it")
+        raise BenchError(f"{method} runs TRL's own rollouts, which have no {plan.name} plan: set "
+                         "rollout_plan: auto and pilot_size: 0 for it")
     if TRL_PEERS[method].estimator:
         if config.packing:
             raise BenchError(f"{method} trains TRL's padded batches: set packing: false for it")
@@ -142,7 +145,8 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
         "adam_beta1": 0.9, "adam_beta2": 0.99, "weight_decay": config.weight_decay,
         "max_grad_norm": max(config.max_grad_norm, 0.0),
         "beta": config.beta, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
-        "loss_type": config.loss_type, "scale_rewards": config.scale_rewards, "num_iterations": config.num_iterations,
+        "loss_type": config.loss_type, "scale_rewards": config.scale_rewards,
+        "num_iterations": config.num_iterations,
         "model_init_kwargs": {"dtype": "bfloat16" if cuda else "float32"},
         "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": False,
         "use_vllm": config.rollout_engine == "vllm", "vllm_mode": "colocate",

@@ -1,8 +1,9 @@
-"""The bench's plots: ``accuracy_vs_step.png``, ``accuracy_vs_time.png`` and ``phases.png`` from a ``bench.json``.
+"""The bench's plots: ``accuracy_vs_step.png``, ``accuracy_vs_time.png`` and ``phases.png`` from a
+``bench.json``.
 
-Each method has one colour and line style in every figure (:data:`METHOD_STYLES`: matplotlib's cycle repeats after
-ten, and the bench has more methods); a title names the run (its directory) and the preset; a legend names each
-method's prompts rolled out per step, so a comparison at different batches says so on its face.
+Each method has one colour and line style in every figure (:data:`METHOD_STYLES`: matplotlib's cycle repeats
+after ten, and the bench has more methods); a title names the run (its directory) and the preset; a legend
+names each method's prompts rolled out per step, so a comparison at different batches says so on its face.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 from dppo_core.tools.bench.presets import PHASES, TARGET_FRACTION
 
-#: (colour, line style) of each bench method, from the 20 colours of matplotlib's ``tab20``: the baselines in blues
-#: and greys, DPPO's modes in reds and oranges, the other methods each its own hue; a method's variant takes its
-#: hue's light shade and a dashed line.
+#: (colour, line style) of each bench method, from the 20 colours of matplotlib's ``tab20``: the baselines in
+#: blues and greys, DPPO's modes in reds and oranges, the other methods each its own hue; a method's variant
+#: takes its hue's light shade and a dashed line.
 METHOD_STYLES: dict[str, tuple[str, str]] = {
     "grpo": ("#7f7f7f", "-"), "grpo_half": ("#c7c7c7", "--"),
     "grpo_skip": ("#1f77b4", "-"), "grpo_skip_matched": ("#aec7e8", "--"),
@@ -29,20 +30,20 @@ METHOD_STYLES: dict[str, tuple[str, str]] = {
     "grpo_skip_filtered": ("#17becf", "-"),
 }
 #: The phases' colours in ``phases.png`` (muted, apart from the methods' colours).
-PHASE_COLOURS: dict[str, str] = {"rollout": "#4c72b0", "reward": "#dd8452", "prune": "#55a868", "pack": "#c44e52",
-                                 "update": "#8172b3", "sync": "#937860"}
+PHASE_COLOURS: dict[str, str] = {"rollout": "#4c72b0", "reward": "#dd8452", "prune": "#55a868",
+                                 "pack": "#c44e52", "update": "#8172b3", "sync": "#937860"}
 
 
 def run_title(result: Mapping[str, Any], output_dir: str | Path) -> str:
-    """The run's directory and its preset (``cpu-own-best (dppo bench --preset cpu-baselines)``), or the preset alone
-    where the directory is named after it."""
+    """The run's directory and its preset (``cpu-own-best (dppo bench --preset cpu-baselines)``), or the
+    preset alone where the directory is named after it."""
     name, preset = Path(output_dir).resolve().name, result["preset"]
     return f"dppo bench {preset}" if name == preset else f"{name} (dppo bench --preset {preset})"
 
 
 def method_label(result: Mapping[str, Any], name: str) -> str:
-    """``name`` with the prompts it rolled out per step (``prompts_rolled_out``, what its logs say), or, in a bench
-    from before that was kept, its config's batch (and the share a rollout budget rolls out of it)."""
+    """``name`` with the prompts it rolled out per step (``prompts_rolled_out``, what its logs say), or, in a
+    bench from before that was kept, its config's batch (and the share a rollout budget rolls out of it)."""
     count = result["methods"][name].get("prompts_rolled_out")
     if count is not None:
         return f"{name} ({count:g} prompts/step)"
@@ -101,7 +102,8 @@ def _phases(result: Mapping[str, Any], output_dir: Path, title: str, figure: Any
     left = [0.0] * len(names)
     rows = list(range(len(names)))[::-1]  # the first method on top
     for phase in PHASES:
-        per_step = [result["methods"][n]["phase_s"][phase] / max(1, result["methods"][n]["steps"]) for n in names]
+        per_step = [result["methods"][n]["phase_s"][phase] / max(1, result["methods"][n]["steps"])
+                    for n in names]
         ax.barh(rows, per_step, left=left, label=phase, color=PHASE_COLOURS[phase], height=0.6)
         left = [b + v for b, v in zip(left, per_step, strict=True)]
     ax.set_yticks(rows, [method_label(result, n) for n in names], fontsize=8)

@@ -15,17 +15,31 @@ from typing import Any
 
 from dppo_core.config import DPPOConfig, preset_overrides
 from dppo_core.config import preset as training_preset
+from dppo_core.tools.bench.cpu_settings import (
+    CPU_BASELINES_SETTING,
+    CPU_BENCH_METHODS,
+    CPU_BENCH_SETTING,
+    CPU_REALISTIC_METHOD_OVERRIDES,
+    CPU_REALISTIC_METHODS,
+    CPU_REALISTIC_SETTING,
+    CPU_REALISTIC_WEIGHTS,
+    PERSISTENCE_METHODS,
+    PERSISTENCE_SHARES,
+    persistence_steps,
+)
 
 #: Every method the bench knows, in the order of the plots' colours.
-METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half", "pods",
-                            "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling", "greso_sampling",
-                            "dppo_pilot", "dppo_budget_pilot", "grpo_skip_matched", "dapo_oversampled")
+METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo", "trl_dppo", "grpo_skip", "grpo_half",
+                            "pods", "dppo_paper", "dppo_budget", "grpo_skip_filtered", "dapo_sampling",
+                            "greso_sampling", "dppo_pilot", "dppo_budget_pilot", "grpo_skip_matched",
+                            "dapo_oversampled")
 #: The methods a :class:`BenchPreset` runs unless it names its own.
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "dppo", "cppo", "greso", "trl_grpo")
 PHASES: tuple[str, ...] = ("rollout", "reward", "prune", "pack", "update", "sync")
 #: The target accuracy is this fraction of GRPO's final sampled accuracy.
 TARGET_FRACTION = 0.95
-#: ``model: tiny-untrained`` in a bench preset: the embedded tiny model before its warm start (built in seconds).
+#: ``model: tiny-untrained`` in a bench preset: the embedded tiny model before its warm start (built in
+#: seconds).
 UNTRAINED_TINY = "tiny-untrained"
 #: The tiny-dppo training preset's pruning: what it states on top of tiny-grpo, its run directory aside.
 DPPO_PRUNING: dict[str, Any] = {k: v for k, v in preset_overrides("tiny-dppo").items() if k != "output_dir"}
@@ -36,8 +50,9 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "grpo": {"pruning": "none"},
     # the tiny-dppo preset's pruning (unbiased, fixed-size sampling), plus dense packing of what is kept
     "dppo": {**DPPO_PRUNING, "packing": True, "max_tokens_per_row": 128},
-    # dppo spending what the prompt stage saves as a rollout budget instead of a full batch: only the kept prompts of
-    # each step's candidates are rolled out (no dense refill), so fewer rollouts and a smaller batch per step
+    # dppo spending what the prompt stage saves as a rollout budget instead of a full batch: only the kept
+    # prompts of each step's candidates are rolled out (no dense refill), so fewer rollouts and a smaller
+    # batch per step
     "dppo_budget": {**DPPO_PRUNING, "dense_prompts": False, "packing": True, "max_tokens_per_row": 128},
     # the biased baselines at DPPO's nominal rates: CPPO keeps the top half of each group by |A|; GRESO
     # skips a prompt whose last group was all right or all wrong with probability 0.5
@@ -52,42 +67,50 @@ METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     # packs what it trains, like dppo; its gradient equals grpo's (tests/unit/test_exact_expectation.py)
     "grpo_skip": {"pruning": "dppo", "prompt_prune_rate": 0.0, "completion_prune_rate": 0.0,
                   "drop_zero_advantage": True, "packing": True, "max_tokens_per_row": 128},
-    # grpo with half the prompts per step (HALF_BATCH_METHODS): is the full batch more than early training needs?
+    # grpo with half the prompts per step (HALF_BATCH_METHODS): is the full batch more than early training
+    # needs?
     "grpo_half": {"pruning": "none"},
     # PODS (Xu et al. 2025): roll out G, train on the half whose rewards vary most, no weights
     "pods": {"pruning": "pods", "completion_prune_rate": 0.5},
-    # DPPO as the paper has it, made unbiased (what dppo was before the variance-aware schemes): prompts by their
-    # last group's mean |A| (the lower half kept with 1 - r), completions proportional to |A|, systematic
-    # fixed-size sampling in a random order, no dense prompts; packed like dppo
-    "dppo_paper": {"pruning": "dppo", "prompt_prune_rate": 0.5, "prompt_scheme": "paper", "min_prompt_keep_prob": 0.2,
-                   "completion_prune_rate": 0.5, "completion_scheme": "proportional", "min_completion_keep_prob": 0.2,
+    # DPPO as the paper has it, made unbiased (what dppo was before the variance-aware schemes): prompts by
+    # their last group's mean |A| (the lower half kept with 1 - r), completions proportional to |A|,
+    # systematic fixed-size sampling in a random order, no dense prompts; packed like dppo
+    "dppo_paper": {"pruning": "dppo", "prompt_prune_rate": 0.5, "prompt_scheme": "paper",
+                   "min_prompt_keep_prob": 0.2, "completion_prune_rate": 0.5,
+                   "completion_scheme": "proportional", "min_completion_keep_prob": 0.2,
                    "drop_zero_advantage": True, "fixed_size_sampling": True, "packing": True,
                    "max_tokens_per_row": 128},
-    # the baselines practitioners run instead, each a rollout plan (dppo_core.plans): grpo_skip on a pool filtered
-    # offline by one group per prompt of the initial model; grpo_skip with DAPO's dynamic sampling (a changed
-    # objective: informative groups only); and that with GRESO's skip before each round, by GRESO's own adaptive rule
-    # (skip probability 1 - max(p^z, 0.01) after z all-equal groups in a row, p adapted toward 25% zero-variance
-    # groups: the authors' setting; the committed cpu-realistic comparison ran a constant skip of 0.8 instead)
-    "grpo_skip_filtered": {"rollout_plan": "offline_filter"}, "dapo_sampling": {"rollout_plan": "dynamic_sampling"},
+    # the baselines practitioners run instead, each a rollout plan (dppo_core.plans): grpo_skip on a pool
+    # filtered offline by one group per prompt of the initial model; grpo_skip with DAPO's dynamic sampling (a
+    # changed objective: informative groups only); and that with GRESO's skip before each round, by GRESO's
+    # own adaptive rule (skip probability 1 - max(p^z, 0.01) after z all-equal groups in a row, p adapted
+    # toward 25% zero-variance groups: the authors' setting; the committed cpu-realistic comparison ran a
+    # constant skip of 0.8 instead)
+    "grpo_skip_filtered": {"rollout_plan": "offline_filter"},
+    "dapo_sampling": {"rollout_plan": "dynamic_sampling"},
     "greso_sampling": {"pruning": "greso", "prompt_prune_rate": 0.0, "greso_target_zero_variance": 0.25,
                        "packing": True, "max_tokens_per_row": 128, "rollout_plan": "dynamic_sampling"},
-    # dppo and dppo_budget with a pilot (DERIVED_METHODS): 2 of each group's 8 first, an all-equal pilot continued
-    # with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran by the replay in
-    # benchmarks/pilot_replay.py: the setting with the least variance factor among those that cut 25% of the tokens
+    # dppo and dppo_budget with a pilot (DERIVED_METHODS): 2 of each group's 8 first, an all-equal pilot
+    # continued with c_q = max(0.1, P(the rest makes the group informative)), chosen before the comparison ran
+    # by the replay in benchmarks/pilot_replay.py: the setting with the least variance factor among those that
+    # cut 25% of the tokens
     "dppo_pilot": PILOT, "dppo_budget_pilot": PILOT,
-    # the batch-matched strong baseline (BATCH_MATCHED): grpo_skip rolling out as many prompts per step as dppo_budget
-    # does (matched_prompts_per_step), so that a rollout budget's gain is not credited with a smaller batch's
+    # the batch-matched strong baseline (BATCH_MATCHED): grpo_skip rolling out as many prompts per step as
+    # dppo_budget does (matched_prompts_per_step), so that a rollout budget's gain is not credited with a
+    # smaller batch's
     "grpo_skip_matched": {},
-    # DAPO's dynamic sampling as its recipe runs it (a 3x generation batch per round, up to 10 rounds) on grpo_skip
+    # DAPO's dynamic sampling as its recipe runs it (a 3x generation batch per round, up to 10 rounds) on
+    # grpo_skip
     "dapo_oversampled": {"rollout_plan": "dapo_oversampled"},
 }
 #: Methods that run with half the preset's ``prompts_per_step`` (rounded down, at least 1).
 HALF_BATCH_METHODS: frozenset[str] = frozenset({"grpo_half"})
-#: The methods that roll out fewer prompts per step than the preset's ``prompts_per_step``, and the baseline each is
-#: measured against at the same rollouts per step: grpo_skip (the strong GRPO) given exactly as many prompts per step
-#: (:func:`matched_prompts_per_step`). A smaller batch alone is often faster to a target on these workloads (a gain
-#: every method can have), so a rollout budget's speedup is only its own against this baseline; the bench checks from
-#: the logs that both rolled out the same number of prompts (:func:`check_batch_matched`).
+#: The methods that roll out fewer prompts per step than the preset's ``prompts_per_step``, and the baseline
+#: each is measured against at the same rollouts per step: grpo_skip (the strong GRPO) given exactly as many
+#: prompts per step (:func:`matched_prompts_per_step`). A smaller batch alone is often faster to a target on
+#: these workloads (a gain every method can have), so a rollout budget's speedup is only its own against this
+#: baseline; the bench checks from the logs that both rolled out the same number of prompts
+#: (:func:`check_batch_matched`).
 BATCH_MATCHED: dict[str, str] = {"dppo_budget": "grpo_skip_matched", "dppo_budget_pilot": "grpo_skip_matched",
                                  "grpo_half": "grpo_skip_matched"}
 #: The method whose rolled-out prompts per step the batch-matched baseline is given.
@@ -98,9 +121,10 @@ MATCHED_BASELINES: frozenset[str] = frozenset(BATCH_MATCHED.values())
 REFERENCE_METHODS: tuple[str, ...] = ("grpo", "grpo_skip")
 #: Methods whose configuration is another method's (with that method's preset and command-line settings)
 #: with their own :data:`METHOD_OVERRIDES` on top.
-DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip", "dapo_sampling": "grpo_skip",
-                                   "dppo_pilot": "dppo", "dppo_budget_pilot": "dppo_budget",
-                                   "grpo_skip_matched": "grpo_skip", "dapo_oversampled": "grpo_skip"}
+DERIVED_METHODS: dict[str, str] = {"trl_dppo": "dppo", "grpo_skip_filtered": "grpo_skip",
+                                   "dapo_sampling": "grpo_skip", "dppo_pilot": "dppo",
+                                   "dppo_budget_pilot": "dppo_budget", "grpo_skip_matched": "grpo_skip",
+                                   "dapo_oversampled": "grpo_skip"}
 
 
 class BenchError(ValueError):
@@ -115,7 +139,8 @@ class BenchPreset:
         name: the name ``--preset`` takes.
         description: one line for ``--help`` and ``bench.json``.
         base: a training preset (``dppo_core/presets/NAME.yaml``) that every method starts from.
-        overrides: DPPOConfig fields set for every method (``model: tiny-untrained`` builds the untrained tiny model).
+        overrides: DPPOConfig fields set for every method (``model: tiny-untrained`` builds the untrained tiny
+            model).
         methods: the methods run by default (``--methods`` picks a subset; ``grpo`` is always needed).
         seeds: the seeds run by default (``--seeds``).
         method_overrides: per method, fields set on top of :data:`METHOD_OVERRIDES`.
@@ -141,185 +166,93 @@ class BenchPreset:
     kind: str = "accuracy"
 
 
-#: What the CPU comparisons (``demo``, ``cpu-full``) share on top of the tiny-grpo preset: no KL term (beta 0)
-#: for every method. The preset's KL term keeps level 1, which is not trained on, from being forgotten over
-#: 100 steps; the benchmark trains and evaluates levels 2-5 for 60 steps. Without it a completion with
-#: A = 0 has an identically zero loss, so DPPO drops those exactly (``drop_zero_advantage``) and GRPO skips
-#: the reference model's forward: both get cheaper, and what DPPO saves on top is its pruning.
-CPU_BENCH_SETTING: dict[str, Any] = {"beta": 0.0}
-#: The paper scheme's prompt pruning in the CPU comparisons (``dppo_paper``, what ``dppo`` was before the
-#: variance-aware schemes): the lower half of the candidates by history (mean |A| of their last group; all-equal
-#: groups score 0) is kept with probability 0.2 and weighted 5. Chosen on seed 0
-#: (benchmarks/results/archive/cpu-full-tuning/) against rate 0.5 (1.95x faster, same accuracy) and the
-#: proportional scheme (3x faster per step, but importance weights up to 30 made it learn less per step); GRESO
-#: skips at the same rate. ``dppo`` itself runs the tiny-dppo preset as it is (posterior prompt scheme with dense
-#: prompts, length-aware completion scheme, sorted design), chosen on seed 0 among 17 variants
-#: (benchmarks/results/ablation/) and by the variance per unit of cost (benchmarks/results/variance_cost.md).
-CPU_BENCH_METHODS: dict[str, dict[str, Any]] = {"dppo_paper": {"prompt_prune_rate": 0.8},
-                                                "greso": {"prompt_prune_rate": 0.8}}
-#: The cpu-full setting (a pool of 256 prompts, 60 steps, 400 held-out problems x 2 samples every 10 steps),
-#: shared by cpu-baselines and cpu-peers so their grpo and grpo_skip runs are the same runs. The learning rate
-#: (tiny-grpo's 1e-4, constant) is the tuned one for grpo, grpo_skip, dppo_paper and dppo: the same three rates
-#: each (5e-5, 1e-4, 2e-4), constant and with a cosine decay, on seed 0, not a reported seed, the same rules
-#: (decay only if it raises every method's best score; then the highest mean held-out accuracy over a run's
-#: evaluations after step 0): the constant 1e-4 won for all four (benchmarks/tune_lr.py,
-#: benchmarks/results/tuning/).
-CPU_BASELINES_SETTING: dict[str, Any] = {"train_pool_size": 256, "max_steps": 60, "eval_steps": 10,
-                                         "eval_problems_per_level": 100, "eval_samples": 2, "save_steps": 0,
-                                         **CPU_BENCH_SETTING}
-
-#: How long `make demo` (`dppo demo`) takes once the warm-started model is there: 79-81 s in all over three runs
-#: on an idle 2-core machine (AVX2 kernels), 80 s with the current rollout loop (docs/quickstart.md). The one
-#: source of that time: the demo prints it as it starts (the preset's ``runtime``), ``dppo bench --list`` lists it,
-#: and tests/repo/test_readme.py keeps the README's quick start saying the same.
+#: How long `make demo` (`dppo demo`) takes once the warm-started model is there: 79-81 s in all over three
+#: runs on an idle 2-core machine (AVX2 kernels), 80 s with the current rollout loop (docs/quickstart.md). The
+#: one source of that time: the demo prints it as it starts (the preset's ``runtime``), ``dppo bench --list``
+#: lists it, and tests/repo/test_readme.py keeps the README's quick start saying the same.
 DEMO_TIME = "about 1.5 minutes"
-
-#: The cpu-realistic pool: the embedded task's levels mixed so that, for the shipped warm-started model, the shares
-#: of prompts it solves every time, never, and sometimes resemble what RL runs on real data start from. Target and
-#: rule written before anything was measured (issue #50):
-#:
-#: - **Target**, per group of G = 8 completions at the training temperature (T = 1) from the warm start (step 0):
-#:   30% all correct, 20% all wrong, 50% mixed; half the groups all-equal at the start, and more as training
-#:   solves prompts. The curated cpu-baselines pool (levels 2-5) has few prompts at exactly p = 1 or 0: many of
-#:   its all-equal groups are p ~ 0.9 prompts that came out 8/8 by chance, which history cannot tell apart.
-#: - **Grounds**: GRESO (Zheng et al., arXiv 2506.02177, abstract and its reward-dynamics analysis): prompts that
-#:   are zero-variance in one epoch are likely to stay so in later ones ("strong temporal consistency"; the issue
-#:   reads more than 90% off its figure), and late in training over 80% of the sampled prompts are zero-variance
-#:   (as the Emergent Mind summary of GRESO puts it). POLARIS (An et al., 2025, the HKU NLP blog "POLARIS: A
-#:   POst-training recipe for scaling RL on Advanced ReasonIng modelS"): DeepScaleR-40K rated by 8 rollouts per
-#:   problem of R1-Distill-Qwen-1.5B and -7B gives mirror-image difficulty distributions, the stronger model's
-#:   massed at 8/8, so an uncurated set is mostly solved-every-time or never-solved for a given model; POLARIS
-#:   then recommends a "mirrored J" mix, a slight bias toward hard problems, after dropping the 8/8 ones. DAPO
-#:   (Yu et al., arXiv 2503.14476, dynamic sampling): groups of accuracy 1 (and 0) grow over training, so DAPO
-#:   over-samples and drops them. A practitioner's pre-flight check of a curated set on its base model found
-#:   about 40% of the prompts with zero signal (deepchokshi.in, "60% of your dataset is doing the work"). The
-#:   target sits between the curated 40% and the late-training 80%, on the solved side as the J shape is.
-#: - **Rule**: levels 2-5 keep equal weights among themselves (the cpu-baselines mix of learnable prompts); level
-#:   1 (the warm start solves it almost always) supplies the all-correct groups and level 6 (two-digit products,
-#:   never seen by the warm start, :data:`dppo_core.tasks.EXTRA_LEVELS`) the all-wrong ones. The three free weights
-#:   (level 1, levels 2-5 together, level 6; summing to 1) are set so that the expected shares of 8/8 and 0/8 groups,
-#:   from each level's measured distribution of successes out of 8 (300 training prompts per level, G = 8, T = 1,
-#:   64 tokens, the trainer's rollout and reward code), equal the target, rounded to 0.05. The pool of 256 is then
-#:   drawn by these weights as for every preset (:meth:`dppo_core.data.PromptSource.pool`).
-#:
-#: Measured (benchmarks/results/realistic-pool/README.md): the per-level distributions, the weights, and the pool's
-#: persistence in a grpo_skip run (:func:`dppo_core.grouplog.persistence`): P(all-equal | previous all-equal) 0.81
-#: against 0.68 on the curated pool, 77% of the all-equal groups flagged by their previous one against 63%; level 6
-#: exactly persistent, level 1 not (the warm start at T = 1 gets 5% of even level 1 wrong), so below GRESO's 90%.
-CPU_REALISTIC_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
-#: Levels 1-6 by the rule above, from benchmarks/results/realistic-pool/level_success.json (exact solution 0.304,
-#: 0.577 for levels 2-5 together, 0.118; expected shares 30.1% all correct, 18.5% all wrong, 51.4% mixed).
-CPU_REALISTIC_WEIGHTS: tuple[float, ...] = (0.3, 0.15, 0.15, 0.15, 0.15, 0.1)
-#: Evaluated every 5 steps (13 points; 10 in the first comparison, whose 7 points set the time to target by
-#: interpolating across 10-step gaps, issue #63); each evaluation of 400 problems x 2 samples takes about 7 s here.
-CPU_REALISTIC_SETTING: dict[str, Any] = {**CPU_BASELINES_SETTING, "train_levels": list(CPU_REALISTIC_LEVELS),
-                                         "level_weights": list(CPU_REALISTIC_WEIGHTS), "eval_levels": [2, 3, 4, 5],
-                                         "eval_steps": 5}
-#: The cpu-realistic comparison (issue #50, item 3): DPPO in both ways of spending what its prompt stage saves
-#: (dense prompts, a rollout budget) against grpo_skip and the baselines practitioners use instead.
-CPU_REALISTIC_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "grpo_skip_filtered", "dapo_sampling",
-                                          "greso_sampling", "dppo", "dppo_budget")
-#: DPPO's prompt keep rule on this pool: ``fitted`` (π ∝ P(the next group is informative) under a prior fitted to
-#: the pool), chosen by the offline sweep in benchmarks/results/realistic-pool/README.md before the comparison ran:
-#: replayed on the grpo_skip seed-1 log it rolls out 47.4% all-equal groups where ``posterior`` (the tiny-dppo
-#: preset's) rolls out 55.3%, at a variance factor within 3% of its (1.88 against 1.84).
-CPU_REALISTIC_METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
-    **CPU_BENCH_METHODS, "dppo": {"prompt_scheme": "fitted"}, "dppo_budget": {"prompt_scheme": "fitted"}}
-
-#: The persistence map (issue #63, item 3): cpu-realistic with a larger share of never-solved prompts (level 6, which
-#: the warm start gets wrong in all of 2,400 completions: exactly persistent), so that P(all-equal | previous
-#: all-equal) rises from cpu-realistic's 0.81 toward 1. Rule, written before any run: level 6 at each share below,
-#: levels 1-5 keeping cpu-realistic's weights among themselves (scaled to the rest); everything else cpu-realistic's.
-#: The solved side stays as persistent as level 1 at T = 1 (0.84): no level of the task is solved every time.
-PERSISTENCE_SHARES: tuple[float, ...] = (0.3, 0.5, 0.7, 0.85)
-#: What the map compares at each point: the strong baseline at the full and at the matched batch, DPPO in both modes,
-#: and the baselines practitioners use instead.
-PERSISTENCE_METHODS: tuple[str, ...] = ("grpo_skip", "grpo_skip_matched", "dppo", "dppo_budget", "grpo_skip_filtered",
-                                        "dapo_sampling", "greso_sampling")
-#: Each point trains for as many steps as roll out about as many learnable prompts (levels 1-5) as cpu-realistic's
-#: 60 steps: 60 x 0.9 / (1 - share), rounded to 10, evaluated every twelfth of that (13 to 15 points). At 60 steps
-#: for every share (the rule first written), a grpo_skip run at share 0.85 climbed from 0.505 to 0.531 sampled
-#: accuracy, under two evaluation standard errors (no time to target measurable); that one run was all that was seen.
-PERSISTENCE_BASE_STEPS = 60
-
-
-def persistence_steps(share: float) -> int:
-    """``max_steps`` at a point of the map: :data:`PERSISTENCE_BASE_STEPS` scaled by 0.9 / (1 - ``share``)."""
-    if not 0 <= share < 1:
-        raise ValueError(f"share={share!r}: the level-6 share of the pool must be in [0, 1)")
-    return max(PERSISTENCE_BASE_STEPS, 10 * round(PERSISTENCE_BASE_STEPS * (1 - CPU_REALISTIC_WEIGHTS[-1])
-                                                  / (1 - share) / 10))
 
 
 def persistence_preset(share: float) -> BenchPreset:
-    """``cpu-persist-NN``: cpu-realistic with level 6 (never solved) at ``share`` of the pool's weight, trained for
-    :func:`persistence_steps` steps."""
+    """``cpu-persist-NN``: cpu-realistic with level 6 (never solved) at ``share`` of the pool's weight,
+    trained for :func:`persistence_steps` steps."""
     rest = [w * (1 - share) / (1 - CPU_REALISTIC_WEIGHTS[-1]) for w in CPU_REALISTIC_WEIGHTS[:-1]]
     steps = persistence_steps(share)
     return BenchPreset(
         f"cpu-persist-{round(100 * share)}",
-        f"the persistence map (issue #63): cpu-realistic with {share:.0%} of the pool's weight on level 6 (never "
-        f"solved: exactly persistent), the other levels in cpu-realistic's proportions, {steps} steps",
+        f"the persistence map (issue #63): cpu-realistic with {share:.0%} of the pool's weight on level 6 "
+        f"(never solved: exactly persistent), the other levels in cpu-realistic's proportions, {steps} steps",
         base="tiny-grpo", methods=PERSISTENCE_METHODS,
         overrides={**CPU_REALISTIC_SETTING, "level_weights": [round(w, 4) for w in (*rest, share)],
                    "max_steps": steps, "eval_steps": max(1, steps // 12)},
         method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
         runtime=f"about {round(26 + 42 * steps / 180)} minutes on 2 CPU cores with --methods grpo_skip "
-                "grpo_skip_matched dppo_budget, 5 seeds (measured 51 at 50%, 68 at 70%, 97 at 85%; 30%: by steps)")
+                "grpo_skip_matched dppo_budget, 5 seeds (measured 51 at 50%, 68 at 70%, 97 at 85%; 30%: by "
+                "steps)")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
-        "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not the methods",
+        "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not "
+                     "the methods",
         base="tiny-grpo", methods=METHODS,
-        overrides={"model": UNTRAINED_TINY, "train_levels": [2, 3], "train_pool_size": 8, "prompts_per_step": 4,
-                   "num_generations": 4, "max_completion_length": 16, "micro_batch_size": 16, "max_steps": 3,
-                   "eval_steps": 1, "eval_problems_per_level": 4, "eval_samples": 1, "save_steps": 0},
+        overrides={"model": UNTRAINED_TINY, "train_levels": [2, 3], "train_pool_size": 8,
+                   "prompts_per_step": 4, "num_generations": 4, "max_completion_length": 16,
+                   "micro_batch_size": 16, "max_steps": 3, "eval_steps": 1, "eval_problems_per_level": 4,
+                   "eval_samples": 1, "save_steps": 0},
         seeds=(0, 1), runtime="about a minute on 2 CPU cores"),
     BenchPreset(
-        "demo", "GRPO against DPPO on the warm-started tiny model, 30 steps of 16 prompts (what `dppo demo` runs)",
+        "demo", "GRPO against DPPO on the warm-started tiny model, 30 steps of 16 prompts (what `dppo demo` "
+                "runs)",
         base="tiny-grpo", methods=("grpo", "dppo"),
         overrides={"train_pool_size": 128, "prompts_per_step": 16, "max_steps": 30, "eval_steps": 10,
-                   "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+                   "eval_problems_per_level": 50, "eval_samples": 2, "save_steps": 0,
+                   **CPU_BENCH_SETTING},
         method_overrides=CPU_BENCH_METHODS, runtime=f"{DEMO_TIME} on 2 CPU cores, after the warm start"),
     BenchPreset(
         "cpu-full", "all five methods on the tiny-grpo setting without its KL term, a pool of 256 prompts, "
                     "60 steps, two seeds",
         base="tiny-grpo", methods=DEFAULT_METHODS,
-        overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10, "eval_problems_per_level": 100,
-                   "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
+        overrides={"train_pool_size": 256, "max_steps": 60, "eval_steps": 10,
+                   "eval_problems_per_level": 100, "eval_samples": 2, "save_steps": 0, **CPU_BENCH_SETTING},
         method_overrides=CPU_BENCH_METHODS, seeds=(0, 1),
         runtime="36-60 minutes on 2 CPU cores; half that with --seeds 0"),
     BenchPreset(
-        "cpu-baselines", "DPPO and the paper's scheme (dppo_paper) against the GRPO that frameworks run (grpo) and "
-                         "the strong one (grpo_skip: the zero-loss completions skipped) on the cpu-full setting, five "
-                         "seeds with paired confidence intervals",
+        "cpu-baselines", "DPPO and the paper's scheme (dppo_paper) against the GRPO that frameworks run "
+                         "(grpo) and the strong one (grpo_skip: the zero-loss completions skipped) on the "
+                         "cpu-full setting, five seeds with paired confidence intervals",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo_paper", "dppo"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3, 4, 5),
-        runtime="about 45 minutes on 2 CPU cores (20 runs of 1.5-3 minutes); --seeds 1 for a first look"),
+        runtime="about 45 minutes on 2 CPU cores (20 runs of 1.5-3 minutes); --seeds 1 for a first "
+                "look"),
     BenchPreset(
         "cpu-peers", "the other ways to spend less per step, against grpo and grpo_skip on the cpu-baselines "
-                     "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary most), "
-                     "CPPO and GRESO (biased pruning), two seeds",
-        base="tiny-grpo", methods=("grpo", "grpo_skip", "grpo_half", "grpo_skip_matched", "pods", "cppo", "greso"),
+                     "setting: grpo_half (half the prompts), PODS (train on the half whose rewards vary "
+                     "most), CPPO and GRESO (biased pruning), two seeds",
+        base="tiny-grpo",
+        methods=("grpo", "grpo_skip", "grpo_half", "grpo_skip_matched", "pods", "cppo", "greso"),
         overrides=CPU_BASELINES_SETTING, method_overrides=CPU_BENCH_METHODS, seeds=(1, 2),
         runtime="about 35 minutes on 2 CPU cores (14 runs of 2-3 minutes)"),
     BenchPreset(
-        "cpu-long", "the regime the DPPO paper trains in, chosen before it was run: the cpu-baselines setting for "
-                    "120 steps (15 epochs over the pool of 256, so most groups saturate), grpo, grpo_skip and dppo, "
-                    "evaluated every 20 steps, targets at 90% and 95% of each baseline's final accuracy",
+        "cpu-long", "the regime the DPPO paper trains in, chosen before it was run: the cpu-baselines "
+                    "setting for 120 steps (15 epochs over the pool of 256, so most groups saturate), grpo, "
+                    "grpo_skip and dppo, evaluated every 20 steps, targets at 90% and 95% of each baseline's "
+                    "final accuracy",
         base="tiny-grpo", methods=("grpo", "grpo_skip", "dppo"),
         overrides={**CPU_BASELINES_SETTING, "max_steps": 120, "eval_steps": 20},
         method_overrides=CPU_BENCH_METHODS, seeds=(1, 2, 3),
-        runtime="about 25 minutes on 2 CPU cores (9 runs of 2-5 minutes); --seeds 1 2 3 4 5 for five seeds"),
+        runtime="about 25 minutes on 2 CPU cores (9 runs of 2-5 minutes); --seeds 1 2 3 4 5 for five "
+                "seeds"),
     BenchPreset(
-        "cpu-realistic", "a pool shaped like real RL data for the warm start (issue #50): levels 1-6 mixed so that "
-                         "about 30% of the groups start all correct, 20% all wrong (level 6, beyond the model's "
-                         "reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated on levels 2-5",
+        "cpu-realistic", "a pool shaped like real RL data for the warm start (issue #50): levels 1-6 mixed "
+                         "so that about 30% of the groups start all correct, 20% all wrong (level 6, beyond "
+                         "the model's reach) and 50% mixed; otherwise the cpu-baselines setting, evaluated "
+                         "on levels 2-5",
         base="tiny-grpo", methods=CPU_REALISTIC_METHODS,
-        overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES, seeds=(1, 2, 3, 4, 5),
-        runtime="about 2.5 hours on 2 CPU cores (35 runs of 1.5-6.5 minutes; dynamic sampling the longest); --seeds 1 "
-                "for a first look"),
+        overrides=CPU_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES,
+        seeds=(1, 2, 3, 4, 5),
+        runtime="about 2.5 hours on 2 CPU cores (35 runs of 1.5-6.5 minutes; dynamic sampling the longest); "
+                "--seeds 1 for a first look"),
     BenchPreset(
         "gpu-qwen3",
         "Qwen3-1.7B-Base on MATH with vLLM and LoRA, the DPPO paper's setting on one GPU; pass@1 on MATH-500",
@@ -331,18 +264,19 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         requires_gpu=True, eval_benchmarks=("math500",), eval_limit=200,
         runtime="several hours on one H100-class GPU; needs the Hugging Face Hub for the model and MATH"),
     BenchPreset(
-        "gpu-systems", "step time per phase of grpo, grpo_skip and dppo, each padded, packed and with a shared "
-                       "prompt prefix, on Qwen3-1.7B's "
-                       "layers with random weights, vLLM colocated and LoRA: timing only (a stand-in reward), "
-                       "no download",
+        "gpu-systems", "step time per phase of grpo, grpo_skip and dppo, each padded, packed and with a "
+                       "shared prompt prefix, on Qwen3-1.7B's "
+                       "layers with random weights, vLLM colocated and LoRA: timing only (a stand-in "
+                       "reward), no download",
         base="qwen3-math-grpo", methods=("grpo", "grpo_skip", "dppo"),
-        overrides={"model": "random:qwen3-1.7b", "task": "arithmetic", "train_pool_size": 64, "prompts_per_step": 32,
-                   "max_completion_length": 512, "max_steps": 7, "eval_steps": 0, "save_steps": 0,
-                   "micro_batch_size": 8, "learning_rate": 1e-5},
+        overrides={"model": "random:qwen3-1.7b", "task": "arithmetic", "train_pool_size": 64,
+                   "prompts_per_step": 32, "max_completion_length": 512, "max_steps": 7, "eval_steps": 0,
+                   "save_steps": 0, "micro_batch_size": 8, "learning_rate": 1e-5},
         method_overrides={m: {"max_tokens_per_row": 4096, "packing_rows_per_micro_batch": 2}
                           for m in ("grpo", "grpo_skip", "dppo")},
         requires_gpu=True, kind="systems",
-        runtime="about 20-35 minutes on one H100-class GPU (9 runs of 7 steps, the first 2 of each untimed)"),
+        runtime="about 20-35 minutes on one H100-class GPU (9 runs of 7 steps, the first 2 of each "
+                "untimed)"),
     *(persistence_preset(share) for share in PERSISTENCE_SHARES),
 )}
 
@@ -358,20 +292,22 @@ def describe_presets() -> str:
     """One paragraph per bench preset: name, what it runs, how long it takes."""
     lines = []
     for p in BENCH_PRESETS.values():
-        lines.append(f"{p.name}: {p.description}; methods {', '.join(p.methods)}; seeds {list(p.seeds)}; {p.runtime}")
+        lines.append(f"{p.name}: {p.description}; methods {', '.join(p.methods)}; seeds {list(p.seeds)}; "
+                     f"{p.runtime}")
     return "\n".join(lines)
 
 
 def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
-    """``methods`` in order, without repeats; every name must be known and a reference (:func:`reference_method`)
-    present."""
+    """``methods`` in order, without repeats; every name must be known and a reference
+    (:func:`reference_method`) present."""
     out = tuple(dict.fromkeys(methods))
     unknown = [m for m in out if m not in METHODS]
     if unknown:
-        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
+        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(METHODS)}")
     if not set(REFERENCE_METHODS) & set(out):
-        raise BenchError("the target accuracy and the first speedups are relative to grpo (or to grpo_skip, which "
-                         "has grpo's gradient): include grpo or grpo_skip in the methods")
+        raise BenchError("the target accuracy and the first speedups are relative to grpo (or to grpo_skip, "
+                         "which has grpo's gradient): include grpo or grpo_skip in the methods")
     return out
 
 
@@ -382,14 +318,15 @@ def check_batch_matched_methods(methods: Iterable[str]) -> None:
     missing = sorted({base for m, base in BATCH_MATCHED.items() if m in names and base not in names})
     if missing:
         which = ", ".join(m for m in BATCH_MATCHED if m in names)
-        raise BenchError(f"{which} roll(s) out fewer prompts per step than the preset; add the batch-matched baseline "
-                         f"{', '.join(missing)} to --methods (every such speedup is reported against it)")
+        raise BenchError(f"{which} roll(s) out fewer prompts per step than the preset; add the batch-matched "
+                         f"baseline {', '.join(missing)} to --methods (every such speedup is reported "
+                         f"against it)")
 
 
 def reference_method(methods: Iterable[str]) -> str:
     """The method the target accuracy and ``speedup_vs_<it>`` are relative to: ``grpo`` when it ran, else
-    ``grpo_skip`` (its gradient equals grpo's at every step, tests/unit/test_exact_expectation.py, so it learns alike
-    and only costs less: a bench can leave grpo's slower runs out)."""
+    ``grpo_skip`` (its gradient equals grpo's at every step, tests/unit/test_exact_expectation.py, so it
+    learns alike and only costs less: a bench can leave grpo's slower runs out)."""
     names = set(methods)
     return next(m for m in REFERENCE_METHODS if m in names)
 
@@ -439,24 +376,24 @@ def method_settings(preset: BenchPreset | None, method: str) -> dict[str, Any]:
 
 
 def matched_prompts_per_step(config: DPPOConfig) -> int:
-    """How many prompts per step a run of ``config`` rolls out: ``prompts_per_step``, or with prompt pruning and no
-    dense prompts (a rollout budget) its expected kept count, round(k (1 - prompt_prune_rate)), at least 1; with
-    ``fixed_size_sampling`` exactly that count every step."""
+    """How many prompts per step a run of ``config`` rolls out: ``prompts_per_step``, or with prompt pruning
+    and no dense prompts (a rollout budget) its expected kept count, round(k (1 - prompt_prune_rate)), at
+    least 1; with ``fixed_size_sampling`` exactly that count every step."""
     pruned = config.pruning != "none" and config.prompt_prune_rate > 0 and not config.dense_prompts
     return max(1, round(config.prompts_per_step * (1 - config.prompt_prune_rate))) if pruned \
         else config.prompts_per_step
 
 
 def check_batch_matched(prompts_rolled_out: Mapping[str, float]) -> list[str]:
-    """Which runs of :data:`BATCH_MATCHED` methods did not roll out as many prompts per step as their baseline did;
-    ``prompts_rolled_out`` maps a method to its mean rolled-out prompts per step (from its logs). Empty when every
-    pair present matches within half a prompt."""
+    """Which runs of :data:`BATCH_MATCHED` methods did not roll out as many prompts per step as their baseline
+    did; ``prompts_rolled_out`` maps a method to its mean rolled-out prompts per step (from its logs). Empty
+    when every pair present matches within half a prompt."""
     wrong = []
     for method, baseline in BATCH_MATCHED.items():
         if method in prompts_rolled_out and baseline in prompts_rolled_out \
                 and abs(prompts_rolled_out[method] - prompts_rolled_out[baseline]) > 0.5:
-            wrong.append(f"{method} rolled out {prompts_rolled_out[method]:.1f} prompts per step and its batch-matched "
-                         f"{baseline} {prompts_rolled_out[baseline]:.1f}")
+            wrong.append(f"{method} rolled out {prompts_rolled_out[method]:.1f} prompts per step and its "
+                         f"batch-matched {baseline} {prompts_rolled_out[baseline]:.1f}")
     return wrong
 
 
@@ -472,7 +409,8 @@ def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str |
     config = training_preset(preset.base).with_overrides(dict(preset.overrides)).with_overrides(shared)
     for m in method_lineage(method):
         config = config.with_overrides({**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})})
-        if m in MATCHED_BASELINES:  # as many prompts per step as MATCHED_TO rolls out (before its own overrides)
+        # as many prompts per step as MATCHED_TO rolls out (before its own overrides)
+        if m in MATCHED_BASELINES:
             matched = method_config(preset, MATCHED_TO, seed, output_dir, overrides)
             config = config.with_overrides({"prompts_per_step": matched_prompts_per_step(matched)})
         config = config.with_overrides(per_method.get(m, []))
@@ -487,8 +425,9 @@ def run_dir(output_dir: str | Path, method: str, seed: int) -> Path:
 
 
 def resolve_model_keyword(model: str) -> str:
-    """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory; ``random:SHAPE``:
-    a Qwen3 model of that shape with random weights (:func:`dppo_core.shapes.build_shaped_model`); else ``model``."""
+    """``tiny-untrained``: build (or reuse) the untrained tiny model and return its directory;
+    ``random:SHAPE``: a Qwen3 model of that shape with random weights
+    (:func:`dppo_core.shapes.build_shaped_model`); else ``model``."""
     if model.startswith("random:"):
         from dppo_core.shapes import resolve_random_model
 

@@ -45,7 +45,8 @@ from dppo_core.tools.bench.summary import (
 
 
 def describe_machine() -> str:
-    """CPU model, CPU count, torch threads and kernels (the vector ISA they use), GPU (if any), in one line."""
+    """CPU model, CPU count, torch threads and kernels (the vector ISA they use), GPU (if any), in one
+    line."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -77,25 +78,28 @@ def package_versions() -> dict[str, str | None]:
 #: What ``bench.json``'s numbers are (stored in it under ``notes``).
 NOTES: dict[str, str] = {
     "wall_s": "training time: sum of step times, evaluation excluded (eval_s)",
-    "time_to_target_s": "training time at which the sampled accuracy (mean over trained levels) first reaches "
-                        "target_accuracy, interpolated linearly between the last evaluation below it and the "
-                        "first at or above it; the first evaluation's time if that one already reaches it; "
-                        "None if no evaluation does (a method's mean: None unless every seed reached it)",
+    "time_to_target_s": "training time at which the sampled accuracy (mean over trained levels) first "
+                        "reaches target_accuracy, interpolated linearly between the last evaluation below it "
+                        "and the first at or above it; the first evaluation's time if that one already "
+                        "reaches it; None if no evaluation does (a method's mean: None unless every seed "
+                        "reached it)",
     "aggregation": "means over seeds; after_std: standard deviation of the final accuracy over seeds",
-    "token_cost_bound": "the reference's (grpo, else grpo_skip) time over c_gen * generated + c_train * trained + "
-                        "fixed, with the reference's per-token costs (token_costs)",
-    "ceiling": "per baseline and method: the speedup over the whole run (speedup) and up to the baseline's time to "
-               "each target (by_target) of an oracle that rolls out only the baseline's informative groups and trains "
-               "them as the method does (dppo_core/tools/bench/ceiling.py); fraction_reached: the measured speedup to "
-               "each target over the ceiling to that target",
+    "token_cost_bound": "the reference's (grpo, else grpo_skip) time over c_gen * generated + c_train * "
+                        "trained + fixed, with the reference's per-token costs (token_costs)",
+    "ceiling": "per baseline and method: the speedup over the whole run (speedup) and up to the baseline's "
+               "time to each target (by_target) of an oracle that rolls out only the baseline's informative "
+               "groups and trains them as the method does (dppo_core/tools/bench/ceiling.py); "
+               "fraction_reached: the measured speedup to each target over the ceiling to that target",
     "fraction_of_bound": "wall speedup / token_cost_bound",
-    "eval_stderr_max": "the largest standard error of one evaluation point's sampled accuracy, problems as the "
-                       "sampling unit (over a method's points and seeds)",
-    "batch_matched": "methods that roll out fewer prompts per step than the preset, each with its batch-matched "
-                     "baseline (grpo_skip at the same rolled-out prompts per step, checked from the logs): their "
-                     "speedups are reported against it in speedup_vs, speedup_intervals and target_sweep",
-    "target_sweep": "per baseline, the time-to-target speedups (bootstrap intervals over seeds) at each of several "
-                    "fractions of the baseline's final accuracy: how the speedup depends on where the target sits",
+    "eval_stderr_max": "the largest standard error of one evaluation point's sampled accuracy, problems as "
+                       "the sampling unit (over a method's points and seeds)",
+    "batch_matched": "methods that roll out fewer prompts per step than the preset, each with its "
+                     "batch-matched baseline (grpo_skip at the same rolled-out prompts per step, checked "
+                     "from the logs): their speedups are reported against it in speedup_vs, "
+                     "speedup_intervals and target_sweep",
+    "target_sweep": "per baseline, the time-to-target speedups (bootstrap intervals over seeds) at each of "
+                    "several fractions of the baseline's final accuracy: how the speedup depends on where "
+                    "the target sits",
     "prompts_rolled_out": "prompts rolled out per step, mean over steps and seeds",
 }
 
@@ -105,14 +109,14 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
                     times_from: str | Path | None = None) -> dict[str, Any]:
     """``bench.json``'s content from the runs in ``output_dir`` (every method x seed must have finished).
 
-    ``times_from``: another bench directory whose runs trained identically (the same method and seed with every
-    step's loss and token counts equal; checked), typically the same preset run again with a larger evaluation.
-    Every time (steps, phases, so times to target and speedups) is then taken from its runs, and accuracies from
-    these: a precise evaluation of the same training, timed by one side-by-side run.
+    ``times_from``: another bench directory whose runs trained identically (the same method and seed with
+    every step's loss and token counts equal; checked), typically the same preset run again with a larger
+    evaluation. Every time (steps, phases, so times to target and speedups) is then taken from its runs, and
+    accuracies from these: a precise evaluation of the same training, timed by one side-by-side run.
 
     Each run's ``time_to_target_s`` is :func:`~dppo_core.tools.bench.summary.time_to_target` of its curve: the
-    interpolated crossing of ``target_accuracy`` (``TARGET_FRACTION`` of the reference's final accuracy, mean over
-    seeds; the reference is grpo, or grpo_skip when grpo did not run: :func:`reference_method`),
+    interpolated crossing of ``target_accuracy`` (``TARGET_FRACTION`` of the reference's final accuracy, mean
+    over seeds; the reference is grpo, or grpo_skip when grpo did not run: :func:`reference_method`),
     the same definition as the speedups to a target in ``speedup_vs``.
     """
     preset = name if isinstance(name, BenchPreset) else BENCH_PRESETS.get(name)
@@ -133,9 +137,9 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
     wrong = check_batch_matched({m: a["prompts_rolled_out"] for m, a in aggregated.items()
                                  if a.get("prompts_rolled_out") is not None})
     if wrong:
-        raise BenchError(f"not batch-matched: {'; '.join(wrong)}. The batch-matched baseline gets dppo_budget's "
-                         "rolled-out count, round(prompts_per_step x (1 - prompt_prune_rate)); set "
-                         "grpo_skip_matched.prompts_per_step=N to match another method's count")
+        raise BenchError(f"not batch-matched: {'; '.join(wrong)}. The batch-matched baseline gets "
+                         "dppo_budget's rolled-out count, round(prompts_per_step x (1 - prompt_prune_rate)); "
+                         "set grpo_skip_matched.prompts_per_step=N to match another method's count")
     vs = {ref: speedups_vs(rs, ref) for ref, rs in baselines.items()}
     configs = {}
     for m in methods:
@@ -160,17 +164,19 @@ def summarize_bench(output_dir: str | Path, name: str | BenchPreset, methods: Se
                             REFERENCE_METHODS, vs),
         "method_overrides": {m: method_settings(preset, m) for m in methods},
         "configs": configs,
-        "trl_args": json.loads(trl_args.read_text()) if "trl_grpo" in methods and trl_args.is_file() else None,
+        "trl_args": json.loads(trl_args.read_text())
+                    if "trl_grpo" in methods and trl_args.is_file() else None,
         "versions": package_versions(),
         "notes": dict(NOTES),
         "runs": [r for rs in runs.values() for r in rs],
     }
 
 
-def baseline_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Sequence[Mapping[str, Any]]]]:
-    """Per baseline that ran, the runs its speedups are computed over: every method's against grpo and grpo_skip
-    (:data:`REFERENCE_METHODS`, same prompts per step); against a batch-matched baseline (:data:`BATCH_MATCHED`) only
-    the methods that roll out as many prompts per step as it does."""
+def baseline_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]]
+                  ) -> dict[str, dict[str, Sequence[Mapping[str, Any]]]]:
+    """Per baseline that ran, the runs its speedups are computed over: every method's against grpo and
+    grpo_skip (:data:`REFERENCE_METHODS`, same prompts per step); against a batch-matched baseline
+    (:data:`BATCH_MATCHED`) only the methods that roll out as many prompts per step as it does."""
     out: dict[str, dict[str, Sequence[Mapping[str, Any]]]] = {ref: dict(runs) for ref in REFERENCE_METHODS
                                                                if ref in runs}
     for method, base in BATCH_MATCHED.items():
@@ -181,9 +187,9 @@ def baseline_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, 
 
 SAME_TRAINING_KEYS = ("loss", "tokens_generated", "tokens_trained")  # what must match for times_from
 
-#: A run's step times are "spread out" when their interquartile range exceeds this fraction of their median. The
-#: committed CPU runs made on a quiet machine stay at or under 0.5 (GRESO's, whose batches vary by design, are the
-#: widest); the ones known to have run beside other load are at 1.0-2.7.
+#: A run's step times are "spread out" when their interquartile range exceeds this fraction of their median.
+#: The committed CPU runs made on a quiet machine stay at or under 0.5 (GRESO's, whose batches vary by design,
+#: are the widest); the ones known to have run beside other load are at 1.0-2.7.
 SPREAD_LIMIT = 0.75
 
 
@@ -197,7 +203,8 @@ def step_time_spread(metrics: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def machine_load() -> tuple[float, int] | None:
-    """(the load average over the last minute, the CPU count), or None where the system has no load average."""
+    """(the load average over the last minute, the CPU count), or None where the system has no load
+    average."""
     try:
         return os.getloadavg()[0], os.cpu_count() or 1
     except (AttributeError, OSError):
@@ -205,45 +212,47 @@ def machine_load() -> tuple[float, int] | None:
 
 
 def timing_notes(result: Mapping[str, Any], load: tuple[float, int] | None = None) -> list[str]:
-    """Why the table's times and speedups may not be trusted: the machine was busy (``load``, the load average and
-    CPU count measured as the runs started, above the core count), or a run's step times are spread out (their
-    interquartile range over ``SPREAD_LIMIT`` times their median: something else competed for the CPU part of the
-    time). Accuracies and token counts do not depend on either. Empty when neither is seen."""
+    """Why the table's times and speedups may not be trusted: the machine was busy (``load``, the load average
+    and CPU count measured as the runs started, above the core count), or a run's step times are spread out
+    (their interquartile range over ``SPREAD_LIMIT`` times their median: something else competed for the CPU
+    part of the time). Accuracies and token counts do not depend on either. Empty when neither is seen."""
     notes = []
     if load is not None and load[0] > load[1]:
-        notes.append(f"the machine was busy as the runs started (load average {load[0]:.1f} over the last minute, "
-                     f"{load[1]} CPUs)")
+        notes.append(f"the machine was busy as the runs started (load average {load[0]:.1f} over the last "
+                     f"minute, {load[1]} CPUs)")
     spread = [f"{r['method']} seed {r['seed']} ({r['step_time_spread']:.2f})" for r in result.get("runs", [])
               if r.get("step_time_spread") is not None and r["step_time_spread"] > SPREAD_LIMIT]
     if spread:
-        notes.append(f"step times vary widely within {', '.join(spread)}: interquartile range over median step "
-                     f"time, above {SPREAD_LIMIT} (quiet runs stay under it)")
+        notes.append(f"step times vary widely within {', '.join(spread)}: interquartile range over median "
+                     f"step time, above {SPREAD_LIMIT} (quiet runs stay under it)")
     if not notes:
         return []
     return [f"timing note: {note}" for note in notes] + [
-        "the times and speedups (to target, step s, x step, x wall, x target, of bound) can be off by a factor: "
-        "something else used the CPUs; accuracies and token counts are not affected; run again on a quiet machine "
-        "to compare speed"]
+        "the times and speedups (to target, step s, x step, x wall, x target, of bound) can be off by a "
+        "factor: something else used the CPUs; accuracies and token counts are not affected; run again on a "
+        "quiet machine to compare speed"]
 
 
-def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """``metrics`` with every time (``step_time``, ``time_*``) replaced by ``timing``'s, after checking that both
-    logs trained identically: the same steps, with equal ``SAME_TRAINING_KEYS``."""
+def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]],
+                  where: str) -> list[dict[str, Any]]:
+    """``metrics`` with every time (``step_time``, ``time_*``) replaced by ``timing``'s, after checking that
+    both logs trained identically: the same steps, with equal ``SAME_TRAINING_KEYS``."""
     ours, theirs = ([m for m in log if "step_time" in m] for log in (metrics, timing))
     if [m["step"] for m in ours] != [m["step"] for m in theirs]:
-        raise BenchError(f"{where}: the timing run logged steps {len(theirs)}, this run {len(ours)}; times_from needs "
-                         "the same runs (method, seed, steps)")
+        raise BenchError(f"{where}: the timing run logged steps {len(theirs)}, this run {len(ours)}; "
+                         "times_from needs the same runs (method, seed, steps)")
     for a, b in zip(ours, theirs, strict=True):
         diff = [k for k in SAME_TRAINING_KEYS if a.get(k) != b.get(k)]
         if diff:
             raise BenchError(f"{where}: step {a['step']} differs from the timing run in {', '.join(diff)} "
-                             f"({', '.join(f'{a.get(k)} vs {b.get(k)}' for k in diff)}); times_from takes times "
-                             "only from a run that trained identically")
+                             f"({', '.join(f'{a.get(k)} vs {b.get(k)}' for k in diff)}); times_from takes "
+                             "times only from a run that trained identically")
     # an offline filter before the first step (grpo_skip_filtered) is timed like a step
-    our_filter, their_filter = ([m for m in log if m.get("event") == "prefilter"] for log in (metrics, timing))
+    our_filter, their_filter = ([m for m in log if m.get("event") == "prefilter"]
+                                for log in (metrics, timing))
     if [m.get("tokens_generated") for m in our_filter] != [m.get("tokens_generated") for m in their_filter]:
-        raise BenchError(f"{where}: the offline filter differs from the timing run's (tokens_generated); times_from "
-                         "takes times only from a run that trained identically")
+        raise BenchError(f"{where}: the offline filter differs from the timing run's (tokens_generated); "
+                         "times_from takes times only from a run that trained identically")
     timed = {id(m): t for m, t in zip(our_filter, their_filter, strict=True)}
     times = {m["step"]: m for m in timing if "step_time" in m}
     return [{**{k: v for k, v in m.items() if k != "step_time" and not k.startswith("time_")},
@@ -253,7 +262,8 @@ def timed_metrics(metrics: list[dict[str, Any]], timing: list[dict[str, Any]], w
 
 
 def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int],
-                   times_from: str | Path | None = None) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+                   times_from: str | Path | None = None
+                   ) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
     """Per method, the summary of each seed's run (every one must have finished), and the machine they ran on
     (the timing runs' machine with ``times_from``, see :func:`summarize_bench`)."""
     dirs = [output_dir] if times_from is None else [output_dir, Path(times_from)]
@@ -308,9 +318,10 @@ def committed_result(relative_path: str, start: str | Path | None = None) -> str
     """Text of a result file committed to the repository, e.g. ``"benchmarks/results/cpu-peers/bench.json"``.
 
     Looks in ``start`` (default: the working directory) and its parents, so a notebook finds the repository's
-    committed results wherever it runs inside a checkout; then in the snapshot of the files the chapters read that
-    ships in the package (``dppo_core/assets/course/results/<relative_path>``, :data:`dppo_core.tools.course.RESULTS`),
-    so a chapter opened alone (Colab, a workshop laptop) reads them offline. Never downloads anything.
+    committed results wherever it runs inside a checkout; then in the snapshot of the files the chapters read
+    that ships in the package (``dppo_core/assets/course/results/<relative_path>``,
+    :data:`dppo_core.tools.course.RESULTS`), so a chapter opened alone (Colab, a workshop laptop) reads them
+    offline. Never downloads anything.
     """
     start = Path(start or Path.cwd()).resolve()
     for base in (start, *start.parents):
@@ -322,6 +333,6 @@ def committed_result(relative_path: str, start: str | Path | None = None) -> str
     if snapshot.is_file():
         return snapshot.read_text(encoding="utf-8")
     raise FileNotFoundError(
-        f"{relative_path} is neither under {start} or its parents nor in dppo_core's snapshot ({RESULTS}): run "
-        "from inside a clone of the repository, or, in a clone that has it, copy it into the snapshot with "
-        "`python -m dppo_core.tools.course --sync-results`")
+        f"{relative_path} is neither under {start} or its parents nor in dppo_core's snapshot ({RESULTS}): "
+        "run from inside a clone of the repository, or, in a clone that has it, copy it into the snapshot "
+        "with `python -m dppo_core.tools.course --sync-results`")

@@ -40,8 +40,8 @@ from dppo_core.tools.bench.tables import fmt, format_duration
 
 def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None],
              on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """One run of our trainer (grpo, dppo, cppo, greso, and the baselines that are rollout plans: dynamic sampling,
-    the offline filter); evaluations are the bench's, timed into ``eval_s``."""
+    """One run of our trainer (grpo, dppo, cppo, greso, and the baselines that are rollout plans: dynamic
+    sampling, the offline filter); evaluations are the bench's, timed into ``eval_s``."""
     from dppo_core.rollout import HFRollout
     from dppo_core.trainer import DPPOTrainer
 
@@ -59,9 +59,10 @@ def run_ours(config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None]
             on_record(record)
 
     trainer = BenchTrainer(config, progress=False, callbacks=[log_record])
-    trainer.stop_hint = ("run the same command again with --resume: the finished runs are kept, this one starts "
-                         "again")
-    trainer.checkpoint_on_stop = False  # (a resumed bench runs it from its start, so a checkpoint would go unused)
+    trainer.stop_hint = ("run the same command again with --resume: the finished runs are kept, this one "
+                         "starts again")
+    # (a resumed bench runs it from its start, so a checkpoint would go unused)
+    trainer.checkpoint_on_stop = False
     trainer.train()
 
 
@@ -78,13 +79,14 @@ def run_peer(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable
 
 def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callable[[str], None] = print,
                on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train one method on ``config`` into ``config.output_dir``; return ``{"method", "seed", "elapsed_s", ...}``.
+    """Train one method on ``config`` into ``config.output_dir``; return
+    ``{"method", "seed", "elapsed_s", ...}``.
 
     ``on_record`` is called with every step's metrics and every evaluation (``{"event": "eval", ...}``), as
     they are logged (a notebook draws live curves with it).
 
-    Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``groups.jsonl``, ``config.json``); checkpoints and the final
-    model are removed. ``run.json`` is written last: it marks the run as finished.
+    Only the logs stay (``metrics.jsonl``, ``eval.jsonl``, ``groups.jsonl``, ``config.json``); checkpoints and
+    the final model are removed. ``run.json`` is written last: it marks the run as finished.
     """
     out = Path(config.output_dir)
     _clear_unfinished_run(out)  # a finished one is kept, or moved aside with the bench, by run_bench
@@ -94,7 +96,8 @@ def run_method(method: str, config: DPPOConfig, preset: BenchPreset, log: Callab
     else:
         run_ours(config, preset, log, on_record)
     gc.collect()  # the run's models, optimizer and engine go before the next run starts
-    info = {"method": method, "seed": config.seed, "elapsed_s": time.perf_counter() - t0, "machine": describe_machine()}
+    info = {"method": method, "seed": config.seed, "elapsed_s": time.perf_counter() - t0,
+            "machine": describe_machine()}
     for path in out.iterdir():
         if path.is_dir() and (path.name == "final" or path.name.startswith("checkpoint-")):
             shutil.rmtree(path)
@@ -123,8 +126,8 @@ def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[i
     import torch
 
     if preset.requires_gpu and not torch.cuda.is_available():
-        raise BenchError(f"bench preset {preset.name!r} needs a CUDA GPU (torch sees none here); on a CPU run "
-                         f"{', '.join(n for n, p in BENCH_PRESETS.items() if not p.requires_gpu)}")
+        raise BenchError(f"bench preset {preset.name!r} needs a CUDA GPU (torch sees none here); on a CPU "
+                         f"run {', '.join(n for n, p in BENCH_PRESETS.items() if not p.requires_gpu)}")
     for m in methods:
         if m in TRL_PEERS:
             peer_trainer_class(m)  # TRL and the peer's trainer class can be imported
@@ -136,8 +139,8 @@ def build_configs(preset: BenchPreset, methods: Sequence[str], seeds: Sequence[i
 
 
 def holds_bench(output_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
-    """Refuse an ``output_dir`` that holds a bench (``bench.json`` or ``runs/``) unless ``resume`` or ``overwrite``;
-    with ``overwrite``, move it aside and return where it went."""
+    """Refuse an ``output_dir`` that holds a bench (``bench.json`` or ``runs/``) unless ``resume`` or
+    ``overwrite``; with ``overwrite``, move it aside and return where it went."""
     from dppo_core.run.disk import check_output_dir, move_aside, must_move_aside
 
     found = [name for name in ("bench.json", "bench.md", "runs") if (output_dir / name).exists()]
@@ -154,7 +157,8 @@ BENCH_RUN_FILES = ("trl", "trl_args.json")
 
 
 def bench_run_writes(name: str) -> bool:
-    """Whether a bench run (ours or a TRL peer) writes a file or directory of this ``name`` into its directory."""
+    """Whether a bench run (ours or a TRL peer) writes a file or directory of this ``name`` into its
+    directory."""
     from dppo_core.run.disk import writes
 
     return name in BENCH_RUN_FILES or writes(name)
@@ -167,11 +171,12 @@ def _clear_unfinished_run(out: Path) -> None:
     if not out.exists():
         return
     if (out / "run.json").exists():
-        raise RunExistsError(f"{out} holds a finished bench run (run.json); run_bench(..., resume=True) keeps it")
+        raise RunExistsError(f"{out} holds a finished bench run (run.json); run_bench(..., resume=True) "
+                             "keeps it")
     unknown = [p.name for p in out.iterdir() if not bench_run_writes(p.name)]
     if unknown:
-        raise RunExistsError(f"{out} holds files a bench run does not write ({', '.join(sorted(unknown)[:4])}); "
-                             "choose another output directory")
+        raise RunExistsError(f"{out} holds files a bench run does not write "
+                             f"({', '.join(sorted(unknown)[:4])}); choose another output directory")
     shutil.rmtree(out)
 
 
@@ -183,13 +188,12 @@ def run_bench(name: str | BenchPreset, output_dir: str | Path, *, seeds: Sequenc
     """Run bench preset ``name`` into ``output_dir`` and return (and write) ``bench.json``'s content.
 
     ``name`` is a preset's name (:data:`BENCH_PRESETS`) or a :class:`BenchPreset` of your own. Every
-    configuration is built and validated before the first run starts, so a bad override fails at once.
-    An ``output_dir`` that holds a bench is refused (:class:`~dppo_core.run.RunExistsError`, nothing
-    changed) unless ``resume``, which keeps the runs that finished before (their ``run.json`` exists) and starts
-    the others again, or ``overwrite``, which moves the earlier bench to ``<output_dir>.previous-<n>`` first.
-    ``on_record(method, seed,
-    record)`` sees every step's metrics and every evaluation as they are logged. ``command``, the command
-    line that made the runs, is recorded in ``bench.json``.
+    configuration is built and validated before the first run starts, so a bad override fails at once. An
+    ``output_dir`` that holds a bench is refused (:class:`~dppo_core.run.RunExistsError`, nothing changed)
+    unless ``resume``, which keeps the runs that finished before (their ``run.json`` exists) and starts the
+    others again, or ``overwrite``, which moves the earlier bench to ``<output_dir>.previous-<n>`` first.
+    ``on_record(method, seed, record)`` sees every step's metrics and every evaluation as they are logged.
+    ``command``, the command line that made the runs, is recorded in ``bench.json``.
     """
     preset = name if isinstance(name, BenchPreset) else bench_preset(name)
     methods = check_methods(methods or preset.methods)

@@ -26,7 +26,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def subset_scores(record: Mapping[str, Any], kind: str) -> dict[str, float]:
-    """Per-level (``sampled_L3`` -> ``"3"``) or per-benchmark (``sampled_math500``) accuracies of an eval record."""
+    """Per-level (``sampled_L3`` -> ``"3"``) or per-benchmark (``sampled_math500``) accuracies of an eval
+    record."""
     out = {}
     for key, value in record.items():
         if not key.startswith(f"{kind}_") or key.endswith("_stderr"):
@@ -40,14 +41,15 @@ def subset_scores(record: Mapping[str, Any], kind: str) -> dict[str, float]:
 
 def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
                   max_grad_norm: float | None = None) -> dict[str, Any]:
-    """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve, learning per cost.
+    """One run's totals from its logs: training time, step times, phases, tokens, accuracy curve, learning per
+    cost.
 
     ``curve`` has one point per evaluation: its step, the training time up to it (sum of step times)
     and the sampled and greedy accuracy; ``eval_stderr_max`` the largest standard error of one point's sampled
-    accuracy (None when the evaluations do not log it). ``ess_per_step``: the mean Kish effective sample size of
-    the trained completions' weights (their count when all weigh 1); ``grad_norm_median`` the median gradient
-    norm before clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm``; each None
-    when the logs do not have it (TRL's runs) or ``max_grad_norm`` is not given.
+    accuracy (None when the evaluations do not log it). ``ess_per_step``: the mean Kish effective sample size
+    of the trained completions' weights (their count when all weigh 1); ``grad_norm_median`` the median
+    gradient norm before clipping; ``clip_rate`` the fraction of steps whose norm exceeded ``max_grad_norm``;
+    each None when the logs do not have it (TRL's runs) or ``max_grad_norm`` is not given.
     """
     steps = [m for m in metrics if "step_time" in m]
     if not steps:
@@ -61,7 +63,8 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
     for m in steps:
         total += m["step_time"]
         clock[m["step"]] = total
-    curve = [{"step": e["step"], "train_s": clock.get(e["step"], total), "sampled_accuracy": e.get("sampled_accuracy"),
+    curve = [{"step": e["step"], "train_s": clock.get(e["step"], total),
+              "sampled_accuracy": e.get("sampled_accuracy"),
               "greedy_accuracy": e.get("greedy_accuracy")} for e in evals]
     first, last = (evals[0], evals[-1]) if evals else ({}, {})
     return {
@@ -73,21 +76,28 @@ def summarize_run(metrics: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[
         "phase_s": {p: sum(m.get(f"time_{p}") or 0.0 for m in steps) for p in PHASES},
         "tokens": {"generated": sum(m.get("tokens_generated") or 0 for m in (*before, *steps)),
                    "trained": sum(m.get("tokens_trained") or 0 for m in steps),
-                   # sequential decode steps: one engine call's longest completion per step, a pilot's two calls'
-                   "decode_steps": sum(m.get("decode_steps", m.get("completion_length_max")) or 0 for m in steps),
+                   # sequential decode steps: one engine call's longest completion per step, a pilot's
+                   # two calls'
+                   "decode_steps": sum(m.get("decode_steps", m.get("completion_length_max")) or 0
+                                       for m in steps),
                    "row_capacity": sum(m.get("update_capacity") or 0 for m in steps),
-                   # prompt and completion tokens in the update, no padding: update_real / row_capacity is the density
+                   # prompt and completion tokens in the update, no padding: update_real / row_capacity is
+                   # the density
                    "update_real": round(sum((m.get("update_density") or 0) * (m.get("update_capacity") or 0)
                                             for m in steps))},
         # the prompts rolled out per step (mean over steps; None when the logs do not have it: TRL's runs)
         "prompts_rolled_out": _mean(rolled) if (rolled := [m["prompts_rolled_out"] for m in steps
-                                                           if m.get("prompts_rolled_out") is not None]) else None,
-        "ess_per_step": _mean(ess) if (ess := [m["weight_ess"] for m in steps if "weight_ess" in m]) else None,
+                                                           if m.get("prompts_rolled_out") is not None])
+                              else None,
+        "ess_per_step": _mean(ess) if (ess := [m["weight_ess"] for m in steps if "weight_ess" in m])
+                        else None,
         "grad_norm_median": statistics.median(norms) if (norms := [m["grad_norm"] for m in steps
-                                                                    if m.get("grad_norm") is not None]) else None,
+                                                                    if m.get("grad_norm") is not None])
+                            else None,
         "clip_rate": _mean([float(n > max_grad_norm) for n in norms]) if norms and max_grad_norm else None,
         "accuracy": {"before": first.get("sampled_accuracy"), "after": last.get("sampled_accuracy"),
-                     "greedy_before": first.get("greedy_accuracy"), "greedy_after": last.get("greedy_accuracy"),
+                     "greedy_before": first.get("greedy_accuracy"),
+                     "greedy_after": last.get("greedy_accuracy"),
                      "per_level_before": subset_scores(first, "sampled"),
                      "per_level_after": subset_scores(last, "sampled"),
                      "greedy_per_level_after": subset_scores(last, "greedy")},
@@ -123,7 +133,8 @@ def time_to_target(curve: Sequence[Mapping[str, Any]], target: float) -> float |
 
 
 def accuracy_at_time(curve: Sequence[Mapping[str, Any]], t: float) -> float | None:
-    """Sampled accuracy at training time ``t``, interpolated along the curve (its last value after its end)."""
+    """Sampled accuracy at training time ``t``, interpolated along the curve (its last value after its
+    end)."""
     points = [(p["train_s"], p["sampled_accuracy"]) for p in curve if p.get("sampled_accuracy") is not None]
     if not points:
         return None
@@ -204,7 +215,8 @@ def _ratio(reference: float | None, value: float | None) -> float | None:
 
 def token_costs(reference: Mapping[str, Any]) -> dict[str, float]:
     """Per-token costs measured on the reference (grpo): rollout and reward per generated token, update per
-    trained token, and the rest of its training time as a fixed cost (prune, pack, sync, gaps between phases)."""
+    trained token, and the rest of its training time as a fixed cost (prune, pack, sync, gaps between
+    phases)."""
     gen, trained = reference["tokens"]["generated"], reference["tokens"]["trained"]
     phases = reference["phase_s"]
     costs = {"rollout_s_per_generated_token": phases["rollout"] / gen if gen else 0.0,
@@ -217,7 +229,8 @@ def token_costs(reference: Mapping[str, Any]) -> dict[str, float]:
 
 
 def token_cost_bound(reference: Mapping[str, Any], method: Mapping[str, Any]) -> float | None:
-    """The speedup over ``reference`` that ``method``'s token counts predict at the reference's per-token costs."""
+    """The speedup over ``reference`` that ``method``'s token counts predict at the reference's per-token
+    costs."""
     c = token_costs(reference)
     gen, trained = method["tokens"]["generated"], method["tokens"]["trained"]
     predicted = (c["rollout_s_per_generated_token"] + c["reward_s_per_generated_token"]) * gen \
@@ -232,8 +245,8 @@ def _speedups(ref: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, float |
 
 
 def compare(methods: Mapping[str, Mapping[str, Any]], reference: str = "grpo") -> dict[str, Any]:
-    """Speedups over ``reference`` (``speedup_vs_<reference>``; also over grpo_skip when it ran), the token-cost
-    bound at the reference's per-token costs and the fraction of it reached."""
+    """Speedups over ``reference`` (``speedup_vs_<reference>``; also over grpo_skip when it ran), the
+    token-cost bound at the reference's per-token costs and the fraction of it reached."""
     ref = methods[reference]
     speedup, bound, fraction = {}, {}, {}
     for name, m in methods.items():
@@ -244,13 +257,15 @@ def compare(methods: Mapping[str, Mapping[str, Any]], reference: str = "grpo") -
     out = {"reference": reference, f"speedup_vs_{reference}": speedup, "token_cost_bound": bound,
            "fraction_of_bound": fraction, "token_costs": token_costs(ref)}
     if "grpo_skip" in methods:
-        out["speedup_vs_grpo_skip"] = {name: _speedups(methods["grpo_skip"], m) for name, m in methods.items()}
+        out["speedup_vs_grpo_skip"] = {name: _speedups(methods["grpo_skip"], m)
+                                       for name, m in methods.items()}
     return out
 
 
 #: 97.5% quantiles of Student's t for 1-30 degrees of freedom (a two-sided 95% interval).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
 
 
 def _t975(df: int) -> float:
@@ -261,9 +276,9 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
     """Per method, its speedups over ``reference`` paired by seed, with a 95% confidence interval.
 
     For each seed both ran, the ratio reference / method of the median step time, the training time and the
-    time to target (each run's ``time_to_target_s``, the interpolated crossing of :func:`time_to_target`; a seed
-    where either missed the target has no ratio: counted in ``missing``, and the mean over the others then
-    flatters the method that missed). Reported: the geometric mean and a t-interval on
+    time to target (each run's ``time_to_target_s``, the interpolated crossing of :func:`time_to_target`; a
+    seed where either missed the target has no ratio: counted in ``missing``, and the mean over the others
+    then flatters the method that missed). Reported: the geometric mean and a t-interval on
     the log ratios (exp(mean ± t·sd/√n)), ``n`` the seeds with a ratio; with one seed the interval is None.
     Pairing by seed removes what the seeds share (the same prompts, the same evaluation).
     """
@@ -276,7 +291,8 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
             paired = [_ratio(get(by_seed[r["seed"]]), get(r)) for r in rs if r["seed"] in by_seed]
             ratios = [x for x in paired if x is not None]
             logs = [math.log(x) for x in ratios]
-            entry: dict[str, Any] = {"n": len(ratios), "missing": len(paired) - len(ratios), "per_seed": ratios,
+            entry: dict[str, Any] = {"n": len(ratios), "missing": len(paired) - len(ratios),
+                                     "per_seed": ratios,
                                      "mean": math.exp(statistics.fmean(logs)) if logs else None,
                                      "low": None, "high": None}
             if len(logs) > 1:
@@ -290,14 +306,16 @@ def paired_speedups(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: 
 
 
 
-#: Targets of the honest comparison: these fractions of the baseline's final sampled accuracy (mean over seeds).
+#: Targets of the honest comparison: these fractions of the baseline's final sampled accuracy (mean over
+#: seeds).
 TARGET_FRACTIONS: tuple[float, ...] = (0.90, 0.95)
-#: The targets of the sweep beside the headline (``target_sweep`` in ``bench.json``): a speedup that holds at 90% and
-#: 95% but turns at 80% or 97% depends on where the target sits on a noisy curve, and this shows it.
+#: The targets of the sweep beside the headline (``target_sweep`` in ``bench.json``): a speedup that holds at
+#: 90% and 95% but turns at 80% or 97% depends on where the target sits on a noisy curve, and this shows it.
 TARGET_SWEEP: tuple[float, ...] = (0.80, 0.85, 0.90, 0.92, 0.95, 0.97)
 
 
-def _bootstrap_ratio(pairs: Sequence[tuple[float, float]], draws: int, seed: int) -> tuple[float, float] | None:
+def _bootstrap_ratio(pairs: Sequence[tuple[float, float]], draws: int,
+                     seed: int) -> tuple[float, float] | None:
     """95% percentile interval of Σ baseline / Σ method over seed pairs resampled with replacement."""
     if len(pairs) < 2:
         return None
@@ -311,13 +329,15 @@ def _bootstrap_ratio(pairs: Sequence[tuple[float, float]], draws: int, seed: int
 
 
 def speedups_vs(runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str,
-                fractions: Sequence[float] = TARGET_FRACTIONS, draws: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Time-to-target speedups over ``baseline`` with bootstrap intervals, and accuracy at the baseline's time.
+                fractions: Sequence[float] = TARGET_FRACTIONS, draws: int = 2000,
+                seed: int = 0) -> dict[str, Any]:
+    """Time-to-target speedups over ``baseline`` with bootstrap intervals, and accuracy at the baseline's
+    time.
 
     Targets are fractions of the baseline's final sampled accuracy (mean over its seeds). Per seed, each run's
     time to a target is the interpolated crossing of its curve (:func:`time_to_target`); the speedup is
-    Σ baseline time / Σ method time over the seeds where both reached it (``missed`` counts the others), with a
-    95% percentile bootstrap interval over those seeds resampled in pairs (None with fewer than two).
+    Σ baseline time / Σ method time over the seeds where both reached it (``missed`` counts the others), with
+    a 95% percentile bootstrap interval over those seeds resampled in pairs (None with fewer than two).
     ``accuracy_at_equal_time``: the method's accuracy when the baseline's training time of the same seed is
     spent (its final accuracy if it finished sooner), mean over seeds. ``time_to_target`` and ``ci95`` are for
     the last (highest) fraction; ``by_target`` has every fraction.
@@ -332,15 +352,18 @@ def speedups_vs(runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str,
         by_target = {}
         for f in fractions:
             target = f * _mean(finals)
-            times = [(time_to_target(b["curve"], target), time_to_target(m["curve"], target)) for b, m in paired]
+            times = [(time_to_target(b["curve"], target), time_to_target(m["curve"], target))
+                     for b, m in paired]
             both = [(tb, tm) for tb, tm in times if tb is not None and tm is not None and tb > 0 and tm > 0]
             ci = _bootstrap_ratio(both, draws, seed)
             ratio = sum(b for b, _ in both) / sum(m for _, m in both) if both else None
-            by_target[f"{f:.2f}"] = {"target": target, "time_to_target": ratio, "ci95": list(ci) if ci else None,
+            by_target[f"{f:.2f}"] = {"target": target, "time_to_target": ratio,
+                                     "ci95": list(ci) if ci else None,
                                      "n": len(both), "missed": len(times) - len(both)}
         equal = [accuracy_at_time(m["curve"], b["wall_s"]) for b, m in paired]
         equal = [a for a in equal if a is not None]
         last = by_target[f"{fractions[-1]:.2f}"]
-        out[name] = {"time_to_target": last["time_to_target"], "ci95": last["ci95"], "target_fraction": fractions[-1],
+        out[name] = {"time_to_target": last["time_to_target"], "ci95": last["ci95"],
+                     "target_fraction": fractions[-1],
                      "by_target": by_target, "accuracy_at_equal_time": _mean(equal) if equal else None}
     return out

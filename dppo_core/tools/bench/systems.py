@@ -1,12 +1,11 @@
 """The systems bench (``dppo bench --preset gpu-systems``): where a step's time goes, nothing about learning.
 
-Each method runs padded, packed, and packed with each prompt once per group (:data:`LAYOUTS`), a few
-steps each, on a Qwen3-shaped model with random weights
-(:func:`dppo_core.shapes.build_shaped_model`) and a stand-in reward
-(:func:`synthetic_reward`: random weights get every answer wrong, which would leave
-every group all-equal and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not
-timed (kernel autotuning, CUDA graphs, allocator growth). One rollout engine serves every run (it is synced
-to each run's model first), so no run pays for starting vLLM.
+Each method runs padded, packed, and packed with each prompt once per group (:data:`LAYOUTS`), a few steps
+each, on a Qwen3-shaped model with random weights (:func:`dppo_core.shapes.build_shaped_model`) and a stand-in
+reward (:func:`synthetic_reward`: random weights get every answer wrong, which would leave every group
+all-equal and nothing to train). The first :data:`WARMUP_STEPS` steps of each run are not timed (kernel
+autotuning, CUDA graphs, allocator growth). One rollout engine serves every run (it is synced to each run's
+model first), so no run pays for starting vLLM.
 
 What it writes to ``OUTPUT_DIR``: ``bench.json`` (per run: median step time and phases, tokens, density,
 peak memory; speedups of each run's median step time over ``grpo`` padded and ``grpo_skip`` packed),
@@ -45,7 +44,8 @@ PHASES = ("rollout", "reward", "prune", "update", "sync")
 LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("padded", {"packing": False, "shared_prefix": False}),
     ("packed", {"packing": True, "shared_prefix": False}),
-    ("shared", {"packing": True, "shared_prefix": True}),  # each prompt once per group (dppo_core.shared_prefix)
+    # each prompt once per group (dppo_core.shared_prefix)
+    ("shared", {"packing": True, "shared_prefix": True}),
 )
 
 
@@ -86,7 +86,8 @@ def peak_memory(device: torch.device) -> str:
         free, total = torch.cuda.mem_get_info(device)
         return (f"peak {torch.cuda.max_memory_allocated(device) / GiB:.2f} GiB allocated by torch, "
                 f"{(total - free) / GiB:.1f} of {total / GiB:.0f} GiB in use on the device")
-    return f"peak resident memory of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
+    return ("peak resident memory of the process "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB")
 
 
 def free_cuda() -> None:
@@ -162,16 +163,17 @@ def summarize_steps(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -
 
 
 def systems_speedups(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each run's median step time against ``grpo-padded`` (as the frameworks run it) and ``grpo_skip-packed``;
-    none when a run has no step after its warm-up (a cold first step times autotuning and allocation, and the
-    first run of all pays most of it)."""
+    """Each run's median step time against ``grpo-padded`` (as the frameworks run it) and
+    ``grpo_skip-packed``; none when a run has no step after its warm-up (a cold first step times autotuning
+    and allocation, and the first run of all pays most of it)."""
     out: dict[str, dict[str, float]] = {}
     if any(r.get("warmup_steps", WARMUP_STEPS) == 0 for r in results.values()):
         return out
     for base in ("grpo-padded", "grpo_skip-packed"):
         if base in results and results[base]["step_time_median"] > 0:
             t = results[base]["step_time_median"]
-            out[base] = {label: t / r["step_time_median"] for label, r in results.items() if r["step_time_median"] > 0}
+            out[base] = {label: t / r["step_time_median"] for label, r in results.items()
+                         if r["step_time_median"] > 0}
     return out
 
 
@@ -183,11 +185,11 @@ def format_systems(result: Mapping[str, Any]) -> str:
              f"Command: `{result['command']}`  ", f"Machine: {result['machine']}  ",
              f"Model: {result['model']}; rollouts: {result.get('rollout_engine') or '-'}; "
              f"{result['timed_steps']} timed steps per run after {result['warmup_steps']} untimed", "",
-             *(["**Every step here is a run's first (max_steps is at most the warm-up): cold steps, which time "
-                "autotuning and allocation, the first run's most. They show that each path runs; no speedup is "
-                "computed from them.**", ""] if result["warmup_steps"] == 0 else []),
-             "| run | step s | rollout s | update s | sync s | tokens generated | tokens trained | density | peak GiB "
-             "| vs grpo-padded | vs grpo_skip-packed |",
+             *(["**Every step here is a run's first (max_steps is at most the warm-up): cold steps, which "
+                "time autotuning and allocation, the first run's most. They show that each path runs; no "
+                "speedup is computed from them.**", ""] if result["warmup_steps"] == 0 else []),
+             "| run | step s | rollout s | update s | sync s | tokens generated | tokens trained | density | "
+             "peak GiB | vs grpo-padded | vs grpo_skip-packed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in runs.items():
         ph = r["phase_median_s"]
@@ -195,21 +197,22 @@ def format_systems(result: Mapping[str, Any]) -> str:
         a = sp.get("grpo-padded", {}).get(label)
         b = sp.get("grpo_skip-packed", {}).get(label)
         lines.append(f"| {label} | {r['step_time_median']:.2f} | {ph['rollout']:.2f} | {ph['update']:.2f} | "
-                     f"{ph['sync']:.2f} | {r['tokens_generated_median']:.0f} | {r['tokens_trained_median']:.0f} | "
-                     f"{r['update_density_median']:.2f} | {peak} | {'-' if a is None else f'{a:.2f}x'} | "
-                     f"{'-' if b is None else f'{b:.2f}x'} |")
+                     f"{ph['sync']:.2f} | {r['tokens_generated_median']:.0f} | "
+                     f"{r['tokens_trained_median']:.0f} | {r['update_density_median']:.2f} | {peak} | "
+                     f"{'-' if a is None else f'{a:.2f}x'} | {'-' if b is None else f'{b:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 
 def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfig], output_dir: str | Path, *,
                 log: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
-    """Every method of ``configs`` in every layout (LAYOUTS) for its ``max_steps``; write and return ``bench.json``."""
+    """Every method of ``configs`` in every layout (LAYOUTS) for its ``max_steps``; write and return
+    ``bench.json``."""
 
     output_dir = Path(output_dir)
     seeds = sorted({s for _, s in configs})
     if len(seeds) != 1:
-        raise BenchError(f"a systems bench times one seed (its runs are step times, not learning curves); got seeds "
-                         f"{seeds}: pass --seeds with one seed")
+        raise BenchError(f"a systems bench times one seed (its runs are step times, not learning curves); "
+                         f"got seeds {seeds}: pass --seeds with one seed")
     results: dict[str, dict[str, Any]] = {}
     engine = None
     model = None
@@ -227,16 +230,19 @@ def run_systems(preset: BenchPreset, configs: Mapping[tuple[str, int], DPPOConfi
             run_dir = Path(config.output_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-            results[label] = {"method": method, "layout": layout, **fields, "seed": seed, **summarize_steps(records)}
+            results[label] = {"method": method, "layout": layout, **fields, "seed": seed,
+                              **summarize_steps(records)}
             timed, warmup = results[label]["timed_steps"], results[label]["warmup_steps"]
     if engine is not None and hasattr(engine, "close"):
         engine.close()
-    result = {"preset": preset.name, "kind": "systems", "command": command or f"dppo bench --preset {preset.name}",
-              "machine": describe_machine(), "model": preset.overrides.get("model", model), "timed_steps": timed,
-              "warmup_steps": warmup,
+    result = {"preset": preset.name, "kind": "systems",
+              "command": command or f"dppo bench --preset {preset.name}",
+              "machine": describe_machine(), "model": preset.overrides.get("model", model),
+              "timed_steps": timed, "warmup_steps": warmup,
               "rollout_engine": rollout_engine, "runs": results, "speedup_vs": systems_speedups(results),
               "versions": package_versions(),
-              "notes": {"timing_only": "random weights and bench.systems.synthetic_reward: step times, not learning",
+              "notes": {"timing_only": "random weights and bench.systems.synthetic_reward: step times, "
+                                       "not learning",
                         "step_time_median": "median over the timed steps of the whole step (prune, rollout, "
                                             "reward, update, sync)"}}
     output_dir.mkdir(parents=True, exist_ok=True)

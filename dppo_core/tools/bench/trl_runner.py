@@ -56,13 +56,15 @@ class TimedTrainerMixin:
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         rows = batch["completion_ids"].shape[0]
-        self.step_stats["update_capacity"] += rows * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
+        self.step_stats["update_capacity"] += rows * (batch["prompt_ids"].shape[1]
+                                                      + batch["completion_ids"].shape[1])
         self.step_stats["tokens_trained"] += int(batch["completion_mask"].sum())
         return batch
 
 
 def timed_trainer_class(trainer_class: type) -> type:
-    """``trainer_class`` with :class:`TimedTrainerMixin` in front (``GRPOTrainer`` -> ``TimedGRPOTrainer``)."""
+    """``trainer_class`` with :class:`TimedTrainerMixin` in front (``GRPOTrainer`` ->
+    ``TimedGRPOTrainer``)."""
     return type(f"Timed{trainer_class.__name__}", (TimedTrainerMixin, trainer_class), {})
 
 
@@ -151,8 +153,8 @@ def run_trl_trainer(config: DPPOConfig, preset: BenchPreset, log: Callable[[str]
     with _quiet_transformers_logs(), quiet_transformers():
         trainer = timed_trainer_class(trainer_class)(
             model=model_path, reward_funcs=[accuracy_reward], args=grpo_config_class(**args),
-            train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=_peft_config(config),
-            callbacks=[callback], **trainer_kwargs())
+            train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+            peft_config=_peft_config(config), callbacks=[callback], **trainer_kwargs())
         callback.trainer = trainer
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
@@ -173,10 +175,12 @@ def _prepare_run(config: DPPOConfig, method: str) -> tuple[Path, list[dict[str, 
     source = build_prompt_source(config)
     if source.weights is not None and len(set(source.weights)) > 1:
         raise BenchError(f"{method} samples its dataset's rows uniformly, but this task weights them; set "
-                         "train_pool_size (as the bench presets do) so every method samples one pool uniformly")
+                         "train_pool_size (as the bench presets do) so every method samples one pool "
+                         "uniformly")
     args = trl_grpo_args(config, out / "trl", method)
     (out / "config.json").write_text(config.to_json())
-    (out / "trl_args.json").write_text(json.dumps({k: v for k, v in args.items() if k != "output_dir"}, indent=2))
+    (out / "trl_args.json").write_text(json.dumps({k: v for k, v in args.items() if k != "output_dir"},
+                                                  indent=2))
     return out, source.rows, args
 
 
@@ -200,7 +204,8 @@ def _peft_config(config: DPPOConfig) -> Any:
 
 @contextlib.contextmanager
 def _quiet_transformers_logs() -> Iterator[None]:
-    """Only errors from transformers' logger inside the block (TRL's trainer logs setup notices as warnings)."""
+    """Only errors from transformers' logger inside the block (TRL's trainer logs setup notices as
+    warnings)."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

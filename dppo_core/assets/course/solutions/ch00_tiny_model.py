@@ -1,6 +1,7 @@
 """Chapter 00 exercises, solved and checked: digit tokens, the parameter count, the standard error.
 
-Run: python dppo_core/assets/course/solutions/ch00_tiny_model.py   (seconds; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch00_tiny_model.py   (seconds; tests/course/test_solutions.py
+runs it too)
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dppo_core.tasks import ArithmeticTask
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Keep only the ByteLevel pre-tokenizer (add_prefix_space=False) and build_tokenizer's special tokens: a "
-        "Digits step left in still splits every digit."),
-    2: ("Give k_proj and v_proj kv_heads heads, use head_dim rather than hidden / heads, count the q/k norms, and "
-        "count the output head only when untied."),
+    1: ("Keep only the ByteLevel pre-tokenizer (add_prefix_space=False) and build_tokenizer's special "
+        "tokens: a Digits step left in still splits every digit."),
+    2: ("Give k_proj and v_proj kv_heads heads, use head_dim rather than hidden / heads, count the q/k "
+        "norms, and count the output head only when untied."),
     3: ("Divide by n (n - 1), not by n, in the standard error; in problems_for stay in Fractions and mind "
         "the strict < when the bound is a whole number."),
 }
@@ -65,7 +66,8 @@ def exercise_1(tokenizer_without_digit_split=tokenizer_without_digit_split) -> N
     vocab = tok.get_vocab()
     assert all(s in vocab for s in SPECIAL_TOKENS), "keep build_tokenizer's special tokens"
     # Plain BPE learns multi-digit tokens from frequent numbers ...
-    assert any(sum(ch.isdigit() for ch in t) >= 2 for t in merged), "no token holds two digits: digits still split?"
+    assert any(sum(ch.isdigit() for ch in t) >= 2 for t in merged), \
+        "no token holds two digits: digits still split?"
     assert len(merged) < len(split)
     # ... so the same place value is spelled by different chunks in different numbers: among all three-digit
     # numbers, the split into tokens (the tokens' lengths) is not one pattern but several, and the model has
@@ -82,9 +84,11 @@ def exercise_1(tokenizer_without_digit_split=tokenizer_without_digit_split) -> N
 
 def qwen3_parameters(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
                      head_dim: int, tied: bool = False) -> int:
-    """Embeddings + per layer (attention with GQA and q/k norms, SwiGLU MLP, two RMSNorms) + final norm + head."""
+    """Embeddings + per layer (attention with GQA and q/k norms, SwiGLU MLP, two RMSNorms) + final norm +
+    head."""
     attention = hidden * heads * head_dim          # q_proj (no bias in Qwen3)
-    attention += 2 * hidden * kv_heads * head_dim  # k_proj, v_proj: only kv_heads heads (grouped-query attention)
+    attention += 2 * hidden * kv_heads * head_dim  # k_proj, v_proj: only kv_heads heads
+                                                   # (grouped-query attention)
     attention += heads * head_dim * hidden         # o_proj
     attention += 2 * head_dim                      # q_norm, k_norm (RMSNorm over head_dim, shared by heads)
     mlp = 3 * hidden * intermediate                # gate_proj, up_proj, down_proj
@@ -111,13 +115,15 @@ def exercise_2(qwen3_parameters=qwen3_parameters) -> None:
     ours, theirs = qwen3_parameters(*shape), sum(p.numel() for p in model.parameters())
     print(f"TinyModelConfig(): formula {ours:,}, the model {theirs:,}")
     assert ours == theirs, f"TinyModelConfig(): your formula gives {ours:,}, the model has {theirs:,}"
-    # Other shapes, built directly: more query heads than kv heads, head_dim != hidden / heads, tied embeddings.
-    for other in [(100, 32, 48, 1, 4, 2, 16, False), (57, 24, 40, 3, 3, 1, 12, True), (80, 16, 16, 2, 2, 2, 8, False)]:
+    # Other shapes, built directly: more query heads than kv heads, head_dim != hidden / heads, tied
+    # embeddings.
+    for other in [(100, 32, 48, 1, 4, 2, 16, False), (57, 24, 40, 3, 3, 1, 12, True),
+                  (80, 16, 16, 2, 2, 2, 8, False)]:
         expected = sum(p.numel() for p in _qwen3(*other).parameters())
         got = qwen3_parameters(*other[:-1], tied=other[-1])
         assert got == expected, f"shape {other}: your formula gives {got:,}, the model has {expected:,}"
-    # Which part holds most of the default model? Measured on the model's own tensors, and read off the formula
-    # (the MLP is what intermediate = 0 removes); the two must agree.
+    # Which part holds most of the default model? Measured on the model's own tensors, and read off the
+    # formula (the MLP is what intermediate = 0 removes); the two must agree.
     part = {"embeddings and head": 0, "attention": 0, "MLP": 0, "norms": 0}
     for name, p in model.named_parameters():
         key = ("MLP" if ".mlp." in name else "attention" if ".self_attn." in name and "norm" not in name
@@ -185,11 +191,13 @@ def exercise_3(standard_error=standard_error, problems_for=problems_for) -> None
         se, p = Fraction(se), Fraction(p)
         n = problems_for(se, p)
         assert isinstance(n, int) and n >= 2
-        assert p * (1 - p) / (n - 1) < se**2, f"SE({n} problems) = sqrt({p * (1 - p) / (n - 1)}) is not < {se}"
+        assert p * (1 - p) / (n - 1) < se**2, \
+            f"SE({n} problems) = sqrt({p * (1 - p) / (n - 1)}) is not < {se}"
         assert n == 2 or p * (1 - p) / (n - 2) >= se**2, f"{n - 1} problems already give SE < {se}"
     n = problems_for(Fraction("0.02"), Fraction("0.9"))
     print(f"SE < 0.02 at accuracy 0.9 needs {n} problems; level 1 has {len(level1)}")
-    # The same on scores the chapter's formula sees: 0/1 scores at that accuracy, when n makes it a whole count.
+    # The same on scores the chapter's formula sees: 0/1 scores at that accuracy, when n makes it a whole
+    # count.
     scores = [1.0] * 9 + [0.0]
     assert math.isclose(standard_error(scores * 30), math.sqrt(0.09 / 299), rel_tol=1e-9)
 

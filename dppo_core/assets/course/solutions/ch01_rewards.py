@@ -1,7 +1,7 @@
 """Chapter 01 exercises, solved and checked: scientific notation, pass@k, a format reward.
 
-Run: python dppo_core/assets/course/solutions/ch01_rewards.py   (seconds, no model; tests/course/test_solutions.py
-runs it too)
+Run: python dppo_core/assets/course/solutions/ch01_rewards.py   (seconds, no model;
+tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dppo_core.rewards import format_reward
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Keep the mantissa and the power of ten exact with Fraction(10) ** k: a float anywhere on the way, like "
-        "float('1.2e-8'), makes the value inexact."),
-    2: ("pass@k is one minus the chance that all k draws without replacement miss: count with math.comb(n - c, k) "
-        "over math.comb(n, k), not (1 - c/n) ** k."),
-    3: ("Count braces to find where the box closes (nested \\frac{}{} included), score a conversation by its last "
-        "message, and allow 40 characters after the box."),
+    1: ("Keep the mantissa and the power of ten exact with Fraction(10) ** k: a float anywhere on the way, "
+        "like float('1.2e-8'), makes the value inexact."),
+    2: ("pass@k is one minus the chance that all k draws without replacement miss: count with math.comb(n - "
+        "c, k) over math.comb(n, k), not (1 - c/n) ** k."),
+    3: ("Count braces to find where the box closes (nested \\frac{}{} included), score a conversation by its "
+        "last message, and allow 40 characters after the box."),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -53,14 +53,16 @@ def my_number_sci(s: str) -> Fraction | None:
 
 
 def exercise_1(my_number_sci=my_number_sci) -> None:
-    cases = ["6.5 \\times 10^{-2}", "1.2e-8", "-3E4", "2.5 \\times 10^3", "7 \\cdot 10^{2}", "4.1E+5", "1,000",
-             "\\frac{3}{4}", "0.065", "42", "\\$18.00", "-7/8"]
+    cases = ["6.5 \\times 10^{-2}", "1.2e-8", "-3E4", "2.5 \\times 10^3", "7 \\cdot 10^{2}", "4.1E+5",
+             "1,000", "\\frac{3}{4}", "0.065", "42", "\\$18.00", "-7/8"]
     for s in cases:
         assert my_number_sci(s) == parse_number(s), (s, my_number_sci(s), parse_number(s))
-        assert isinstance(my_number_sci(s), Fraction), f"{s!r}: return a Fraction (exact), not {type(my_number_sci(s))}"
+        assert isinstance(my_number_sci(s), Fraction), \
+            f"{s!r}: return a Fraction (exact), not {type(my_number_sci(s))}"
     assert my_number_sci("6.5 \\times 10^{-2}") == my_number_sci("0.065") == Fraction(13, 200)
     assert my_number_sci("1.2e-8") == Fraction(12, 10**9)                 # exactly: Fraction(1.2e-8) is not
-    print(f"my_number_sci == dppo_core.grading.parse_number on {len(cases)} answers, scientific notation included")
+    print(f"my_number_sci == dppo_core.grading.parse_number on {len(cases)} answers, scientific notation "
+          "included")
     # 1.24e-8 and 1.25e-8 differ by 0.8% of their size: two different measurements, not a rounding of one
     # number. A tolerance on the absolute difference (1e-10 < 1e-6) would call them equal; the package's
     # tolerance is relative (REL_TOL of the larger magnitude), so tiny numbers are compared at their scale.
@@ -76,7 +78,8 @@ def exercise_1(my_number_sci=my_number_sci) -> None:
 
 
 def my_pass_at_k(n: int, c: int, k: int) -> float:
-    """P(at least one of k samples drawn without replacement from the n is correct) = 1 - C(n-c, k)/C(n, k)."""
+    """P(at least one of k samples drawn without replacement from the n is correct) = 1 - C(n-c, k)/C(n,
+    k)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
@@ -92,7 +95,8 @@ def exercise_2(my_pass_at_k=my_pass_at_k) -> None:
     n, c, k = 8, 2, 3
     samples = [1] * c + [0] * (n - c)
     subsets = list(combinations(range(n), k))
-    assert math.isclose(sum(any(samples[i] for i in s) for s in subsets) / len(subsets), my_pass_at_k(n, c, k))
+    assert math.isclose(sum(any(samples[i] for i in s) for s in subsets) / len(subsets),
+                        my_pass_at_k(n, c, k))
     assert my_pass_at_k(n, c, 1) == c / n  # pass@1 is the accuracy
     # Unbiased: if each of the n samples is right with probability p, c ~ Binomial(n, p) and the estimator's
     # expectation is exactly the true pass@k, 1 - (1 - p)^k. The plug-in 1 - (1 - c/n)^k is below the
@@ -105,8 +109,8 @@ def exercise_2(my_pass_at_k=my_pass_at_k) -> None:
         truth = 1 - (1 - float(p)) ** k
         assert math.isclose(expected, truth, rel_tol=1e-9), (k, expected, truth)
         assert k == 1 or plug_in < truth
-    print(f"n={n}, p={float(p)}, k=4: E[pass@k estimate] = {1 - (1 - float(p)) ** 4:.4f} (the truth); E[plug-in] = "
-          f"{sum(float(w) * (1 - (1 - c / n) ** 4) for c, w in enumerate(binomial)):.4f} (low)")
+    print(f"n={n}, p={float(p)}, k=4: E[pass@k estimate] = {1 - (1 - float(p)) ** 4:.4f} (the truth); "
+          f"E[plug-in] = {sum(float(w) * (1 - (1 - c / n) ** 4) for c, w in enumerate(binomial)):.4f} (low)")
 
 
 # --------------------------------------------------------------------------------------------------

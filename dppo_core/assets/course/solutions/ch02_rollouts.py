@@ -15,12 +15,12 @@ from dppo_core.tasks import ArithmeticTask
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Draw as sample_from_scratch does (same generator calls, finished rows kept at eos) and skip the forward "
-        "pass after the last token: P + L - 1 positions."),
-    2: ("Exponentiate the difference of the two log-probs, clamp it from above only, and detach the inputs so that "
-        "the weights carry no gradient."),
-    3: ("Divide the logits by the temperature before log_softmax, and shift by one: the logits at position t score "
-        "the token at t + 1."),
+    1: ("Draw as sample_from_scratch does (same generator calls, finished rows kept at eos) and skip the "
+        "forward pass after the last token: P + L - 1 positions."),
+    2: ("Exponentiate the difference of the two log-probs, clamp it from above only, and detach the inputs "
+        "so that the weights carry no gradient."),
+    3: ("Divide the logits by the temperature before log_softmax, and shift by one: the logits at position t "
+        "score the token at t + 1."),
 }
 
 # The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
@@ -137,12 +137,13 @@ def exercise_1(sample_with_kv_cache=sample_with_kv_cache) -> None:
         diff = max(max((abs(a - b) for a, b in zip(x["logprobs"], y["logprobs"], strict=True)), default=0.0)
                    for x, y in zip(plain, cached, strict=True))
         assert diff < 1e-4, f"log-probs differ by {diff:.1e}"
-        # Without a cache step t runs over P + t positions: sum_t (P + t); with one, the prompt once and then one
-        # position per new token after the first: P + (L - 1).
+        # Without a cache step t runs over P + t positions: sum_t (P + t); with one, the prompt once and then
+        # one position per new token after the first: P + (L - 1).
         P, L = len(prompt), max(len(s["token_ids"]) for s in plain)
         assert plain_model.positions == sum(P + t for t in range(L))
         assert cached_model.positions == P + L - 1, \
-            f"your loop ran the model on {cached_model.positions} positions; a cache needs P + L - 1 = {P + L - 1}"
+            (f"your loop ran the model on {cached_model.positions} positions; a cache needs "
+             f"P + L - 1 = {P + L - 1}")
         print(f"T={temperature}: same tokens, log-probs within {diff:.1e}; {L} steps cost "
               f"{plain_model.positions} token positions without the cache, {cached_model.positions} with it")
 
@@ -163,17 +164,20 @@ def exercise_2(my_tis=my_tis) -> None:
         assert torch.allclose(my_tis(logp_train, logp_engine, cap),
                               truncated_importance_weights(logp_train, logp_engine, cap=cap)), f"cap={cap}"
     w = my_tis(logp_train.clone().requires_grad_(), logp_engine)
-    assert not w.requires_grad, "detach the weights: they are a constant factor in the loss, no gradient through them"
+    assert not w.requires_grad, \
+        "detach the weights: they are a constant factor in the loss, no gradient through them"
     # Exactly, on a 12-token vocabulary: the engine samples from mu, the trainer wants pi.
     z = 2 * torch.randn(12, generator=gen, dtype=torch.float64)
     mu = torch.softmax(z, 0)                                                          # the engine's copy
-    pi = torch.softmax(z + 0.5 * torch.randn(12, generator=gen, dtype=torch.float64), 0)  # the trainer's, a bit off
+    # the trainer's, a bit off
+    pi = torch.softmax(z + 0.5 * torch.randn(12, generator=gen, dtype=torch.float64), 0)
     w = pi / mu
     assert torch.isclose((mu * w).sum(), torch.tensor(1.0, dtype=torch.float64))  # E_mu[pi/mu] = sum pi = 1
     for cap in (1.0, 2.0, 5.0):
         w_cap = my_tis(pi.log(), mu.log(), cap)
         expected = (mu * w_cap).sum()                   # E_mu[min(pi/mu, C)] = sum_x min(pi(x), C mu(x))
-        bias = (pi - cap * mu).clamp(min=0).sum()       # the mass of the tokens the engine under-samples by > C
+        bias = (pi - cap * mu).clamp(min=0).sum()       # the mass of the tokens the engine under-samples
+                                                        # by > C
         assert torch.isclose(expected, 1 - bias)
         assert float(w_cap.max()) <= cap
         print(f"C={cap}: E[w] = {expected.item():.4f} = 1 - {bias.item():.4f} (bias), "
@@ -197,7 +201,8 @@ def my_mismatch(model, batch, temperature):
     for group in batch.groups:
         for c in group.completions:
             ids = torch.tensor([list(group.prompt_ids) + list(c.token_ids)])
-            logp = torch.log_softmax(model(ids).logits[0, :-1].float() / temperature, -1)  # position t predicts t + 1
+            # position t predicts t + 1
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float() / temperature, -1)
             start = len(group.prompt_ids) - 1
             ours = logp[start:].gather(-1, ids[0, start + 1 :, None]).squeeze(-1)
             diffs.append((ours - torch.tensor(c.logprobs)).abs())
@@ -209,15 +214,17 @@ def exercise_3(my_mismatch=my_mismatch) -> None:
     model, tokenizer = small_model()
     prompts = [p.messages() for p in ArithmeticTask().test_set(1)[:3]]
     T = 0.7
-    batch = HFRollout(model, tokenizer).generate(prompts, 4, SamplingConfig(max_tokens=16, temperature=T, seed=0))
+    batch = HFRollout(model, tokenizer).generate(prompts, 4,
+                                                 SamplingConfig(max_tokens=16, temperature=T, seed=0))
     mean_ok, max_ok = my_mismatch(model, batch, T)
     package = logprob_mismatch(model, batch, temperature=T)
     assert abs(mean_ok - package.mean_abs) < 1e-5 and max_ok < 1e-4
     mean_wrong, _ = my_mismatch(model, batch, 1.0)
     assert abs(mean_wrong - logprob_mismatch(model, batch, temperature=1.0).mean_abs) < 1e-5
-    print(f"at the sampling temperature T={T}: mean |dlogp| {mean_ok:.1e} (dppo_core: {package.mean_abs:.1e}); "
-          f"scored at T=1 instead: {mean_wrong:.2f}")
-    assert mean_wrong > 1e4 * mean_ok    # a systematic mismatch, not rounding (larger still for a trained model)
+    print(f"at the sampling temperature T={T}: mean |dlogp| {mean_ok:.1e} (dppo_core: "
+          f"{package.mean_abs:.1e}); scored at T=1 instead: {mean_wrong:.2f}")
+    # a systematic mismatch, not rounding (larger still for a trained model)
+    assert mean_wrong > 1e4 * mean_ok
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """Chapter 03 exercises, solved and checked: the k3 KL estimator, Dr. GRPO's advantages, and why the
 loss normaliser must be constant once completions are pruned.
 
-Run: python dppo_core/assets/course/solutions/ch03_grpo.py   (seconds, no model; tests/course/test_solutions.py
-runs it too)
+Run: python dppo_core/assets/course/solutions/ch03_grpo.py   (seconds, no model;
+tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dppo_core.grpo import group_advantages, kl_k3, policy_loss
 HINTS: dict[int, str] = {
     1: ("Take d = ref_logp - logp (in that order) and keep the - d term: e^d - d - 1 is never negative, "
         "while e^d - 1 alone can be."),
-    2: ("Work along each group (dim=1, keepdim=True) with the population std (unbiased=False) plus 1e-4; with "
-        "scale='none' only subtract the mean."),
-    3: ("A pattern's probability multiplies p[i] for each kept item and 1 - p[i] for each dropped one; sum it times "
-        "value_of_draw over all 2^N tuples of bools."),
+    2: ("Work along each group (dim=1, keepdim=True) with the population std (unbiased=False) plus 1e-4; "
+        "with scale='none' only subtract the mean."),
+    3: ("A pattern's probability multiplies p[i] for each kept item and 1 - p[i] for each dropped one; sum "
+        "it times value_of_draw over all 2^N tuples of bools."),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -40,7 +40,8 @@ def exercise_1(my_k3=my_k3) -> None:
     logp, ref = -3 * torch.rand(4, 7, generator=gen), -3 * torch.rand(4, 7, generator=gen)
     assert torch.allclose(my_k3(logp, ref), kl_k3(logp, ref))
     assert (my_k3(logp, ref) >= 0).all()                      # e^d >= 1 + d: every token's estimate is >= 0
-    # Unbiased: over tokens sampled from pi, E[k3] is exactly KL(pi || ref). Exactly, on a 10-token vocabulary:
+    # Unbiased: over tokens sampled from pi, E[k3] is exactly KL(pi || ref). Exactly, on a 10-token
+    # vocabulary:
     pi = torch.softmax(torch.randn(10, generator=gen, dtype=torch.float64), 0)
     rf = torch.softmax(torch.randn(10, generator=gen, dtype=torch.float64), 0)
     expected_k3 = (pi * my_k3(pi.log(), rf.log())).sum()      # = sum ref - 1 + sum pi log(pi / ref)
@@ -66,7 +67,8 @@ def exercise_1(my_k3=my_k3) -> None:
 
 
 def my_advantages(rewards: torch.Tensor, scale: str) -> torch.Tensor:
-    """(num_prompts, G) rewards -> advantages: r - mean, divided by (population std + 1e-4) when scale == "group"."""
+    """(num_prompts, G) rewards -> advantages: r - mean, divided by (population std + 1e-4) when scale ==
+    "group"."""
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if scale == "none":
         return centred
@@ -87,7 +89,8 @@ def exercise_2(my_advantages=my_advantages) -> None:
     for scale in ("group", "none"):                  # the package computes the same on any batch of groups
         assert torch.allclose(my_advantages(many, scale), group_advantages(many, scale), atol=1e-5)
     g1, g4 = group_advantages(one_right)[0, 0].item(), group_advantages(half_right)[0, 0].item()
-    n1, n4 = group_advantages(one_right, "none")[0, 0].item(), group_advantages(half_right, "none")[0, 0].item()
+    n1, n4 = (group_advantages(one_right, "none")[0, 0].item(),
+              group_advantages(half_right, "none")[0, 0].item())
     print(f"the right answer's A: 1 of 8 right -> group {g1:.3f}, none {n1:.3f}; "
           f"4 of 8 -> group {g4:.3f}, none {n4:.3f}")
     # Dividing by the group's std scales a rare success up (sqrt(7) ~ 2.65 vs 1): hard prompts, where one
@@ -118,7 +121,8 @@ def exercise_3(exact_expectation=exact_expectation) -> None:
     assert math.isclose(exact_expectation(q, lambda keep: float(all(keep))), q.prod().item(), rel_tol=1e-9)
     gen = torch.Generator().manual_seed(1)
     N, T = 6, 5
-    logp, old = -torch.rand(N, T, generator=gen), -torch.rand(N, T, generator=gen)   # ratio != 1: clipping active
+    # ratio != 1: clipping active
+    logp, old = -torch.rand(N, T, generator=gen), -torch.rand(N, T, generator=gen)
     adv = torch.randn(N, generator=gen, dtype=torch.float32)
     mask = torch.ones(N, T)
     mask[0, 3:] = 0
@@ -137,8 +141,9 @@ def exercise_3(exact_expectation=exact_expectation) -> None:
     full = {"grpo, C = N": policy_loss(logp, adv, mask, old_logprobs=old, num_sequences=N)[0].item(),
             "grpo, C = kept count": policy_loss(logp, adv, mask, old_logprobs=old, num_sequences=N)[0].item(),
             "dapo, kept tokens": policy_loss(logp, adv, mask, old_logprobs=old, loss_type="dapo")[0].item(),
-            "dapo, all rolled-out tokens": policy_loss(logp, adv, mask, old_logprobs=old, loss_type="dapo")[0].item()}
-    expected = {                                                          # every one of the 2^N draws, exactly
+            "dapo, all rolled-out tokens": policy_loss(logp, adv, mask, old_logprobs=old,
+                                                       loss_type="dapo")[0].item()}
+    expected = {                                                        # every one of the 2^N draws, exactly
         "grpo, C = N": exact_expectation(p, lambda keep: loss(keep, num_sequences=N)),
         "grpo, C = kept count": exact_expectation(
             p, lambda keep: loss(keep, num_sequences=sum(keep)) if any(keep) else 0.0),
@@ -148,8 +153,10 @@ def exercise_3(exact_expectation=exact_expectation) -> None:
     for name in full:
         print(f"{name:<28} full batch {full[name]:+.5f}   E[pruned, weighted] {expected[name]:+.5f}")
     assert math.isclose(expected["grpo, C = N"], full["grpo, C = N"], rel_tol=1e-5)             # unbiased
-    assert math.isclose(expected["dapo, all rolled-out tokens"], full["dapo, all rolled-out tokens"], rel_tol=1e-5)
-    assert not math.isclose(expected["grpo, C = kept count"], full["grpo, C = kept count"], rel_tol=1e-2)  # ratio
+    assert math.isclose(expected["dapo, all rolled-out tokens"], full["dapo, all rolled-out tokens"],
+                        rel_tol=1e-5)
+    assert not math.isclose(expected["grpo, C = kept count"], full["grpo, C = kept count"],
+                            rel_tol=1e-2)  # ratio
     assert not math.isclose(expected["dapo, kept tokens"], full["dapo, kept tokens"], rel_tol=1e-2)
 
 

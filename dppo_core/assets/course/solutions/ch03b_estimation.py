@@ -1,14 +1,14 @@
 """Chapter 03b exercises, solved and checked: the leave-one-out (RLOO) baseline, whose group estimator is
-unbiased for the policy gradient; the Horvitz-Thompson estimator over two stages (prompts, then completions) and
-its variance; PPO's clipped per-token objective with an asymmetric clip range (DAPO's clip-higher); and one AdamW
-step with decoupled weight decay.
+unbiased for the policy gradient; the Horvitz-Thompson estimator over two stages (prompts, then completions)
+and its variance; PPO's clipped per-token objective with an asymmetric clip range (DAPO's clip-higher); and
+one AdamW step with decoupled weight decay.
 
-Each check compares the piece with autograd, with ``dppo_core.grpo.policy_loss``, with ``torch.optim.AdamW``, or
-with an exact sum over every outcome (every group of answers, every keep pattern: few enough to list): no
+Each check compares the piece with autograd, with ``dppo_core.grpo.policy_loss``, with ``torch.optim.AdamW``,
+or with an exact sum over every outcome (every group of answers, every keep pattern: few enough to list): no
 sampling decides a check.
 
-Run: python dppo_core/assets/course/solutions/ch03b_estimation.py   (seconds, no model; tests/course/test_solutions.py
-runs it too)
+Run: python dppo_core/assets/course/solutions/ch03b_estimation.py   (seconds, no model;
+tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from dppo_core.grpo import policy_loss
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Leave r_i out of its own baseline: subtract the mean of the other G - 1 rewards of its group, not the group "
-        "mean that includes it."),
-    2: ("Weight each kept y by 1 / (pi_q p_qi); in the variance the prompt coin acts on the squared group total Y_q, "
-        "and the completion term is divided by pi_q."),
-    3: ("Clip the ratio, not the product, into [1 - eps_low, 1 + eps_high] and take the minimum with the unclipped "
-        "ratio * adv: for A < 0 it clips the low side."),
-    4: ("Shrink the parameters by (1 - lr * weight_decay) outside the moments, update m and v with the gradient "
-        "alone, and bias-correct both with t from 1."),
+    1: ("Leave r_i out of its own baseline: subtract the mean of the other G - 1 rewards of its group, not "
+        "the group mean that includes it."),
+    2: ("Weight each kept y by 1 / (pi_q p_qi); in the variance the prompt coin acts on the squared group "
+        "total Y_q, and the completion term is divided by pi_q."),
+    3: ("Clip the ratio, not the product, into [1 - eps_low, 1 + eps_high] and take the minimum with the "
+        "unclipped ratio * adv: for A < 0 it clips the low side."),
+    4: ("Shrink the parameters by (1 - lr * weight_decay) outside the moments, update m and v with the "
+        "gradient alone, and bias-correct both with t from 1."),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -91,9 +91,10 @@ def two_stage_estimate(y: torch.Tensor, pi: torch.Tensor, p: torch.Tensor, keep_
 
 
 def two_stage_variance(y: torch.Tensor, pi: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """The variance of two_stage_estimate when prompt q is kept with probability π_q and, given that, completion
-    i with probability p_qi, all coins independent: Σ_q [(1 - π_q)/π_q Y_q² + (1/π_q) Σ_i (1 - p_qi)/p_qi y_qi²],
-    with Y_q = Σ_i y_qi (the variance of the conditional mean plus the mean of the conditional variance)."""
+    """The variance of two_stage_estimate when prompt q is kept with probability π_q and, given that,
+    completion i with probability p_qi, all coins independent: Σ_q [(1 - π_q)/π_q Y_q² + (1/π_q) Σ_i (1 -
+    p_qi)/p_qi y_qi²], with Y_q = Σ_i y_qi (the variance of the conditional mean plus the mean of the
+    conditional variance)."""
     between = (1 - pi) / pi * y.sum(1) ** 2
     within = ((1 - p) / p * y**2).sum(1) / pi
     return (between + within).sum()
@@ -117,18 +118,20 @@ def exercise_2(two_stage_estimate=two_stage_estimate, two_stage_variance=two_sta
                 value = float(two_stage_estimate(y, pi, p, zq_t, zc_t))
                 mean += prob * value
                 second += prob * value**2
-        assert math.isclose(mean, float(y.sum()), rel_tol=1e-9, abs_tol=1e-9), "E[estimate] is not Σ y: biased"
+        assert math.isclose(mean, float(y.sum()), rel_tol=1e-9, abs_tol=1e-9), \
+            "E[estimate] is not Σ y: biased"
         assert math.isclose(second - mean**2, float(two_stage_variance(y, pi, p)), rel_tol=1e-7), \
             "two_stage_variance does not match the variance over every keep pattern"
         one_stage = float(((1 - pi[:, None] * p) / (pi[:, None] * p) * y**2).sum())
-        assert not math.isclose(second - mean**2, one_stage, rel_tol=1e-3), "(the set-up should tell them apart)"
+        assert not math.isclose(second - mean**2, one_stage, rel_tol=1e-3), \
+            "(the set-up should tell them apart)"
     # the two single-stage limits: every prompt kept (π = 1), every completion kept (p = 1)
     ones_p, ones_g = torch.ones(n_prompts, dtype=torch.float64), torch.ones(n_prompts, g, dtype=torch.float64)
     assert torch.isclose(two_stage_variance(y, ones_p, p), ((1 - p) / p * y**2).sum())
     assert torch.isclose(two_stage_variance(y, pi, ones_g), ((1 - pi) / pi * y.sum(1) ** 2).sum())
-    print(f"two-stage Horvitz-Thompson: E = Σ y and Var = Σ_q [(1-π)/π Y_q² + (1/π) Σ_i (1-p)/p y²] over every "
-          f"pattern (last case: Var = {float(two_stage_variance(y, pi, p)):.3f}, one coin per completion would "
-          f"say {one_stage:.3f})")
+    print("two-stage Horvitz-Thompson: E = Σ y and Var = Σ_q [(1-π)/π Y_q² + (1/π) Σ_i (1-p)/p y²] over "
+          f"every pattern (last case: Var = {float(two_stage_variance(y, pi, p)):.3f}, one coin per "
+          f"completion would say {one_stage:.3f})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -148,7 +151,7 @@ def exercise_3(clip_higher_objective=clip_higher_objective) -> None:
                           dtype=torch.float64)
     advs = torch.tensor([1.0] * 8 + [-1.5, -1.5, -1.5, -1.5, -1.5, -0.5], dtype=torch.float64)
     for eps_low, eps_high in ((0.2, 0.28), (0.1, 0.3), (0.2, 0.2)):
-        for rho, a in zip(ratios, advs, strict=True):                 # one token at a time, value and gradient
+        for rho, a in zip(ratios, advs, strict=True):  # one token at a time, value and gradient
             logp = rho.log().reshape(1, 1).requires_grad_(True)
             mine = clip_higher_objective(logp.exp(), a, eps_low, eps_high)
             package, _ = policy_loss(logp, a.reshape(1), torch.ones(1, 1, dtype=torch.float64),
@@ -163,11 +166,12 @@ def exercise_3(clip_higher_objective=clip_higher_objective) -> None:
     logr = ratios.log().requires_grad_(True)
     grad, = torch.autograd.grad(clip_higher_objective(logr.exp(), advs, 0.2, 0.28).sum(), logr)
     flat = ((ratios > 1.28) & (advs > 0)) | ((ratios < 0.8) & (advs < 0))
-    assert bool((grad[flat] == 0).all()) and bool((grad[~flat] != 0).all()), "the gradient vanishes in the wrong places"
+    assert bool((grad[flat] == 0).all()) and bool((grad[~flat] != 0).all()), \
+        "the gradient vanishes in the wrong places"
     # where clip-higher differs from the symmetric clip: a positive-advantage token at 1.25 still learns
     assert grad[5] != 0 and advs[5] > 0 and ratios[5] == 1.25
-    print(f"clip-higher objective == -policy_loss(epsilon, epsilon_high) per token (values and gradients); flat on "
-          f"{int(flat.sum())} of {len(ratios)} tokens at (0.2, 0.28), where (0.2, 0.2) would flatten "
+    print("clip-higher objective == -policy_loss(epsilon, epsilon_high) per token (values and gradients); "
+          f"flat on {int(flat.sum())} of {len(ratios)} tokens at (0.2, 0.28), where (0.2, 0.2) would flatten "
           f"{int((((ratios > 1.2) & (advs > 0)) | ((ratios < 0.8) & (advs < 0))).sum())}")
 
 
@@ -199,7 +203,7 @@ def exercise_4(adamw_step=adamw_step) -> None:
     for lr, betas, wd in ((1e-2, (0.9, 0.99), 0.1), (3e-3, (0.8, 0.999), 0.5), (1e-3, (0.9, 0.99), 0.0)):
         param = start.clone().requires_grad_(True)
         opt = torch.optim.AdamW([param], lr=lr, betas=betas, eps=1e-8, weight_decay=wd)
-        coupled = start.clone().requires_grad_(True)          # Adam with an L2 term in the gradient: not AdamW
+        coupled = start.clone().requires_grad_(True)  # Adam with an L2 term in the gradient: not AdamW
         l2 = torch.optim.Adam([coupled], lr=lr, betas=betas, eps=1e-8, weight_decay=wd)
         mine, m, v = start.clone(), torch.zeros(D, dtype=torch.float64), torch.zeros(D, dtype=torch.float64)
         for t, g in enumerate(history, start=1):
@@ -210,7 +214,8 @@ def exercise_4(adamw_step=adamw_step) -> None:
             assert torch.allclose(mine, param.detach(), rtol=1e-9, atol=1e-12), \
                 f"lr={lr}, betas={betas}, weight_decay={wd}, step {t}: not torch.optim.AdamW's parameters"
         if wd > 0:   # the decoupled decay is a different optimizer from L2 inside Adam's moments
-            assert not torch.allclose(param.detach(), coupled.detach(), rtol=1e-6), "(the set-up tells them apart)"
+            assert not torch.allclose(param.detach(), coupled.detach(), rtol=1e-6), \
+                "(the set-up tells them apart)"
     # a zero gradient still moves the parameters: the decay does not pass through m and v
     m0 = v0 = torch.zeros(D, dtype=torch.float64)
     moved, _, _ = adamw_step(start, torch.zeros(D, dtype=torch.float64), m0, v0, 1, lr=1e-2, weight_decay=0.1)

@@ -1,8 +1,8 @@
 """Chapter 04 exercises, solved and checked: LoRA's gradients at initialisation, the memory of Qwen3-32B,
 merging an adapter into the weights.
 
-Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes built
-on the meta device, which allocates no memory; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes
+built on the meta device, which allocates no memory; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dppo_core.rollout import sequence_logprobs
 HINTS: dict[int, str] = {
     1: ("Both gradients carry the scale and sum over the batch: dL/dB is (d_out, r) from g and A x, "
         "dL/dA is (r, d_in) from B^T g and x, so check the shapes."),
-    2: ("Count the parameters as in chapter 00's exercise 2; in lora and qlora4 only the adapter pays for gradients "
-        "and Adam, and NF4 is for linear layers only."),
-    3: ("Add scale times B @ A (in that order, so that it has the shape of W) to W: without the alpha / r scale the "
-        "merged model's log-probs move."),
+    2: ("Count the parameters as in chapter 00's exercise 2; in lora and qlora4 only the adapter pays for "
+        "gradients and Adam, and NF4 is for linear layers only."),
+    3: ("Add scale times B @ A (in that order, so that it has the shape of W) to W: without the alpha / r "
+        "scale the merged model's log-probs move."),
 }
 
 # The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
@@ -99,9 +99,9 @@ def exercise_1(lora_grads=lora_grads) -> None:
 
 
 def memory_table(hidden, layers, heads, kv_heads, head_dim, mlp, vocab, tied, r=64):
-    """(number of parameters, {mode: bytes of weights + gradients + Adam moments}) for a Qwen3 shape, as in the
-    chapter: bf16 weights 2 bytes, fp32 gradients 4 and Adam moments 8, NF4 weights 0.53 (linear layers only),
-    a rank-r adapter on every linear layer of every decoder layer."""
+    """(number of parameters, {mode: bytes of weights + gradients + Adam moments}) for a Qwen3 shape, as in
+    the chapter: bf16 weights 2 bytes, fp32 gradients 4 and Adam moments 8, NF4 weights 0.53 (linear layers
+    only), a rank-r adapter on every linear layer of every decoder layer."""
     shapes = {"q_proj": (heads * head_dim, hidden), "k_proj": (kv_heads * head_dim, hidden),
               "v_proj": (kv_heads * head_dim, hidden), "o_proj": (hidden, heads * head_dim),
               "gate_proj": (mlp, hidden), "up_proj": (mlp, hidden), "down_proj": (hidden, mlp)}
@@ -121,9 +121,9 @@ def meta_counts(hidden, layers, heads, kv_heads, head_dim, mlp, vocab, tied, r=6
     parameters of the decoder layers' linear layers, parameters of a rank-r adapter on each of them)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                         tie_word_embeddings=tied)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim, tie_word_embeddings=tied)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
     linears = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.endswith(TARGETS)]
@@ -133,14 +133,18 @@ def meta_counts(hidden, layers, heads, kv_heads, head_dim, mlp, vocab, tied, r=6
 
 def exercise_2(memory_table=memory_table) -> None:
     GiB, gpu = 2**30, 80e9
-    qwen3_4b = dict(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, mlp=9728, vocab=151_936, tied=True)
-    qwen3_32b = dict(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, mlp=25600, vocab=151_936, tied=False)
+    qwen3_4b = dict(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, mlp=9728, vocab=151_936,
+                    tied=True)
+    qwen3_32b = dict(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, mlp=25600, vocab=151_936,
+                     tied=False)
     for name, shape in (("Qwen3-4B", qwen3_4b), ("Qwen3-32B", qwen3_32b)):
         total, modes = memory_table(**shape)
         n, n_lin, n_a = meta_counts(**shape)              # counted on transformers' model of that shape
         assert total == n, (name, total, n)
-        expected = {"full": 14 * n, "lora": 2 * n + 14 * n_a, "qlora4": 0.53 * n_lin + 2 * (n - n_lin) + 14 * n_a}
-        assert set(modes) == set(expected) and all(math.isclose(modes[m], expected[m], rel_tol=1e-9) for m in modes), \
+        expected = {"full": 14 * n, "lora": 2 * n + 14 * n_a,
+                    "qlora4": 0.53 * n_lin + 2 * (n - n_lin) + 14 * n_a}
+        assert set(modes) == set(expected) and all(math.isclose(modes[m], expected[m], rel_tol=1e-9)
+                                                   for m in modes), \
             (name, modes, expected)
         fits = [m for m, b in modes.items() if b < gpu]
         print(f"{name}: {total / 1e9:.2f}B parameters; " +
@@ -191,9 +195,10 @@ def exercise_3(merged_weight=merged_weight) -> None:
     peft_merged = copy.deepcopy(peft_model).merge_and_unload()      # PEFT does the same
     pairs = zip(ours.parameters(), peft_merged.parameters(), strict=True)
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in pairs)
-    untouched = sequence_logprobs(load_model(build_tiny_model(SMALL))[0], seqs)   # the base model, freshly loaded
+    # the base model, freshly loaded
+    untouched = sequence_logprobs(load_model(build_tiny_model(SMALL))[0], seqs)
     moved = max((a - b).abs().max().item() for a, b in zip(adapter, untouched, strict=True))
-    assert moved > 1e-3                                 # the adapter does change the model: the check can fail
+    assert moved > 1e-3  # the adapter does change the model: the check can fail
     # The trainer syncs the adapter, not merged weights: the engine keeps the base weights and takes a few MB
     # per step (a new LoRARequest) instead of a full reload, and merging every step would also need the
     # unmerged copy back for training (or rounding errors accumulate in bf16).

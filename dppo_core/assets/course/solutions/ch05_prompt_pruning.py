@@ -1,8 +1,8 @@
 """Chapter 05 exercises, solved and checked: predict the expected kept count, a maximum age for the
 history, what GRESO needs to become unbiased, and a prior for the posterior fitted to the pool.
 
-Run: python dppo_core/assets/course/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are built
-from synthetic rewards; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch05_prompt_pruning.py   (seconds, no model: the histories are
+built from synthetic rewards; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -23,19 +23,21 @@ HINTS: dict[int, str] = {
         "proportional one, score-0 prompts stay at the floor)."),
     2: ("A record is stale only when step - record.step exceeds max_age (equal is still fresh); build a new "
         "PromptHistory rather than editing the old one."),
-    3: ("The repaired estimate weights each kept x by 1 / pi and divides by the number of candidates, a constant, "
-        "never by the number kept."),
-    4: ("P(informative) is one minus the pmf's mass at 0 and at g passes; fit on the summed log-likelihood of all "
-        "the counts, over a grid that reaches below 1."),
+    3: ("The repaired estimate weights each kept x by 1 / pi and divides by the number of candidates, a "
+        "constant, never by the number kept."),
+    4: ("P(informative) is one minus the pmf's mass at 0 and at g passes; fit on the summed log-likelihood "
+        "of all the counts, over a grid that reaches below 1."),
 }
 
 G = 8
 
 
 def synthetic_history(n_seen: int = 30, seed: int = 0, step: int = 0):
-    """A history of n_seen prompts whose last group of G had success rates spread over [0, 1] (some all-equal)."""
+    """A history of n_seen prompts whose last group of G had success rates spread over [0, 1] (some
+    all-equal)."""
     gen = torch.Generator().manual_seed(seed)
-    success = torch.rand(n_seen, 1, generator=gen) ** 2 * 1.4 - 0.2                  # some < 0 and > 1: all-equal
+    success = torch.rand(n_seen, 1, generator=gen) ** 2 * 1.4 - 0.2                  # some < 0 and > 1:
+                                                                                     # all-equal
     rewards = (torch.rand(n_seen, G, generator=gen) < success).float()               # (n_seen, G)
     ids = [f"q{i}" for i in range(n_seen)]
     history = PromptHistory()
@@ -47,7 +49,8 @@ def synthetic_history(n_seen: int = 30, seed: int = 0, step: int = 0):
 # Exercise 1: change the prune rate and predict the expected number of prompts kept
 # --------------------------------------------------------------------------------------------------
 
-def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: str, floor: float = 0.1) -> float:
+def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: str,
+                   floor: float = 0.1) -> float:
     """E[kept] = sum of pi_q over the candidates ids, predicted from the counts alone (seen, unseen, score 0;
     history.score(pid) is None for an unseen prompt), without calling prompt_keep_probs."""
     scores = [history.score(pid) for pid in ids]
@@ -55,10 +58,12 @@ def predicted_kept(history: PromptHistory, ids: list[str], rate: float, scheme: 
     seen = n - unseen
     if rate == 0 or seen == 0:
         return float(n)
-    if scheme == "paper":      # the lower half of the seen prompts (rounded up) is kept with max(1 - r, floor)
+    if scheme == "paper":
+        # the lower half of the seen prompts (rounded up) is kept with max(1 - r, floor)
         return n - math.ceil(seen / 2) * (1 - max(1 - rate, floor))
     # proportional: a budget of (1 - r) n, unseen prompts counted as kept; what the seen ones can reach is
-    # between floor * seen (all on the floor) and positive + floor * zero (score-0 prompts never leave the floor)
+    # between floor * seen (all on the floor) and positive + floor * zero (score-0 prompts never leave the
+    # floor)
     zero = sum(s == 0 for s in scores)
     target = (1 - rate) * n - unseen
     return unseen + min(max(target, floor * seen), seen - zero + floor * zero)
@@ -84,7 +89,8 @@ def exercise_1(predicted_kept=predicted_kept) -> None:
     expected = pi.sum().item()
     bern = sample_keep(pi.expand(4000, -1), torch.Generator().manual_seed(0)).sum(1).double()
     assert abs(bern.mean().item() - expected) < 4 * bern.std().item() / 4000**0.5
-    fixed = {int(sample_keep(pi, torch.Generator().manual_seed(d), fixed_size=True).sum()) for d in range(500)}
+    fixed = {int(sample_keep(pi, torch.Generator().manual_seed(d), fixed_size=True).sum())
+             for d in range(500)}
     assert fixed <= {math.floor(expected), math.ceil(expected)}
     print(f"r = 0.5 proportional: E[kept] {expected:.2f}; Bernoulli draws {bern.mean().item():.2f} ± "
           f"{bern.std().item():.2f}; fixed-size draws keep {sorted(fixed)}")
@@ -110,7 +116,7 @@ def exercise_2(fresh_history=fresh_history) -> None:
             ours = prompt_keep_probs(fresh_history(history, step, max_age), ids, 0.5, scheme=scheme)
             assert torch.allclose(ours, package), (step, max_age, scheme)
     stale = prompt_keep_probs(fresh_history(history, 2, 0), ids, 0.5)
-    assert (stale == 1).all()           # records older than max_age count as unseen: every prompt kept for sure
+    assert (stale == 1).all()  # records older than max_age count as unseen: every prompt kept for sure
     # Refresh half of the prompts at step 2: only those can be pruned now.
     rewards = torch.zeros(15, G)
     history.update(ids[:15], rewards, group_advantages(rewards), step=2)
@@ -132,16 +138,19 @@ def greso_estimate(keep: torch.Tensor, x: torch.Tensor) -> float:
 
 
 def repaired_estimate(keep: torch.Tensor, pi: torch.Tensor, x: torch.Tensor) -> float:
-    """The same draw, weighted: each kept prompt's x by 1 / pi, summed, divided by the number of candidates."""
+    """The same draw, weighted: each kept prompt's x by 1 / pi, summed, divided by the number of
+    candidates."""
     return (keep / pi * x).sum().item() / len(x)
 
 
 def exercise_3(greso_estimate=greso_estimate, repaired_estimate=repaired_estimate) -> None:
     history, ids, rewards = synthetic_history(n_seen=12, seed=3)
-    pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's all-equal prompts, else 1
+    pi = greso_keep_probs(history, ids, 0.5)                      # 1 - r for last time's all-equal prompts,
+                                                                  # else 1
     gen = torch.Generator().manual_seed(4)
     x = torch.rand(len(ids), generator=gen, dtype=torch.float64)  # what each prompt gives *now*
-    x[pi < 1] *= 0.3                                              # all-equal last time: gives less now, not nothing
+    x[pi < 1] *= 0.3                                              # all-equal last time: gives less now,
+                                                                  # not nothing
     target = x.mean().item()
     everything = torch.ones(len(ids), dtype=torch.bool)           # nothing pruned: both are the plain mean
     assert math.isclose(greso_estimate(everything, x), target, rel_tol=1e-12)
@@ -151,7 +160,8 @@ def exercise_3(greso_estimate=greso_estimate, repaired_estimate=repaired_estimat
     for bits in itertools.product([False, True], repeat=len(random_ids)):   # every draw, exactly
         keep = everything.clone()
         keep[random_ids] = torch.tensor(bits)
-        prob = math.prod(pi[j].item() if b else 1 - pi[j].item() for j, b in zip(random_ids, bits, strict=True))
+        prob = math.prod(pi[j].item() if b else 1 - pi[j].item()
+                         for j, b in zip(random_ids, bits, strict=True))
         e_greso += prob * greso_estimate(keep, x)
         e_weighted += prob * repaired_estimate(keep, pi, x)
     print(f"{len(random_ids)} of {len(ids)} prompts skippable | target {target:.4f} | GRESO {e_greso:.4f} | "
@@ -167,7 +177,8 @@ def exercise_3(greso_estimate=greso_estimate, repaired_estimate=repaired_estimat
 # --------------------------------------------------------------------------------------------------
 
 def p_informative(a: float, b: float, g: int = G) -> float:
-    """1 - E[p^G] - E[(1-p)^G] for p ~ Beta(a, b): the Beta-binomial's mass strictly between 0 and G passes."""
+    """1 - E[p^G] - E[(1-p)^G] for p ~ Beta(a, b): the Beta-binomial's mass strictly between 0 and G
+    passes."""
     pmf = beta_binomial_pmf(a, b, g)
     return float(1.0 - pmf[0] - pmf[-1])
 

@@ -1,8 +1,9 @@
 """Chapter 06 exercises, solved and checked: fixed-size draws, the floor, uniform pruning against
 pruning by |A|, and the keep probabilities that minimise the variance under a token budget.
 
-Run: python dppo_core/assets/course/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are synthetic
-and each completion's gradient is stood in for by a number s; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch06_completion_pruning.py   (seconds, no model: rewards are
+synthetic and each completion's gradient is stood in for by a number s; tests/course/test_solutions.py runs it
+too)
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from dppo_core.pruning import completion_keep_probs, importance_weights, keep_pr
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Call sample_keep once per draw with the generator passed in, weight by importance_weights (0 where not "
-        "kept), and count the kept completions per group."),
-    2: ("Sum only over the completions with s != 0 (their p may be 0) and divide by the absolute value of the full "
-        "sum of s, not by the number of completions."),
-    3: ("Divide kept by the number of completions with A != 0, not by all P * G of them, and leave p at exactly 0 "
-        "where A == 0."),
+    1: ("Call sample_keep once per draw with the generator passed in, weight by importance_weights (0 where "
+        "not kept), and count the kept completions per group."),
+    2: ("Sum only over the completions with s != 0 (their p may be 0) and divide by the absolute value of "
+        "the full sum of s, not by the number of completions."),
+    3: ("Divide kept by the number of completions with A != 0, not by all P * G of them, and leave p at "
+        "exactly 0 where A == 0."),
     4: ("Fit each group on its own: score by |s| / sqrt(length), and pass zero=(A == 0) and costs=lengths to "
         "keep_probs_from_scores so the budget counts tokens."),
 }
@@ -31,8 +32,8 @@ def synthetic_batch(seed: int = 0):
     """0/1 rewards of P groups of G, their advantages, and s: each completion's gradient along the full-batch
     gradient (as in the chapter's section 4), so that sum s > 0.
 
-    |s| is |A| times a positive factor (the completion's length, how sure the model already was): |A| is a proxy
-    for |s|, not |s|. Most completions push along the full gradient, a quarter against it.
+    |s| is |A| times a positive factor (the completion's length, how sure the model already was): |A| is a
+    proxy for |s|, not |s|. Most completions push along the full gradient, a quarter against it.
     """
     gen = torch.Generator().manual_seed(seed)
     success = torch.rand(P, 1, generator=gen, dtype=torch.float64)
@@ -56,8 +57,9 @@ def exact_std(p: torch.Tensor, s: torch.Tensor) -> float:
 
 def pruned_estimates(p: torch.Tensor, s: torch.Tensor, draws: int, fixed_size: bool,
                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``draws`` pruning draws of the (P, G) keep probabilities p, one sample_keep(p, gen, fixed_size) call each:
-    (the estimates sum K s / p of sum s, shape (draws,); how many completions each group kept, (draws, P))."""
+    """``draws`` pruning draws of the (P, G) keep probabilities p, one sample_keep(p, gen, fixed_size) call
+    each: (the estimates sum K s / p of sum s, shape (draws,); how many completions each group kept, (draws,
+    P))."""
     est, counts = [], []
     for _ in range(draws):
         keep = sample_keep(p, gen, fixed_size=fixed_size)
@@ -86,8 +88,10 @@ def exercise_1(pruned_estimates=pruned_estimates, draws: int = 2000) -> None:
     assert results["fixed size"][1] < results["Bernoulli"][1]
     # Every group's sum of p is an integer here, so the fixed-size design keeps exactly that many each draw.
     assert torch.allclose(p.sum(1), p.sum(1).round())
-    assert (results["fixed size"][2] == p.sum(1).round()).all() and results["Bernoulli"][2].unique().numel() > 1
-    print(f"exact std for coin flips {exact_std(p, s):.3f} (the Monte Carlo above: {results['Bernoulli'][1]:.3f})")
+    assert ((results["fixed size"][2] == p.sum(1).round()).all()
+            and results["Bernoulli"][2].unique().numel() > 1)
+    print(f"exact std for coin flips {exact_std(p, s):.3f} (the Monte Carlo above: "
+          f"{results['Bernoulli'][1]:.3f})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -123,8 +127,8 @@ def exercise_2(exact_std=exact_std) -> None:
 # --------------------------------------------------------------------------------------------------
 
 def uniform_probs(A: torch.Tensor, kept: float) -> torch.Tensor:
-    """(P, G) keep probabilities: 0 where A == 0, the same value for every completion with A != 0, chosen so that
-    kept completions are expected in all."""
+    """(P, G) keep probabilities: 0 where A == 0, the same value for every completion with A != 0, chosen so
+    that kept completions are expected in all."""
     nz = A != 0
     return torch.where(nz, torch.full_like(A, kept / nz.sum().item()), torch.zeros_like(A))
 
@@ -143,7 +147,8 @@ def exercise_3(uniform_probs=uniform_probs) -> None:
         for p in (p_prop, p_uniform):
             assert torch.isclose((p * importance_weights(torch.ones(P), p) * s).sum(), s.sum())
         u, prop = exact_std(p_uniform, s), exact_std(p_prop, s)
-        print(f"r = {rate}: {kept:.1f} kept of {int(nz.sum())} with A != 0 | std uniform {u:.3f}, by |A| {prop:.3f}")
+        print(f"r = {rate}: {kept:.1f} kept of {int(nz.sum())} with A != 0 | std uniform {u:.3f}, by |A| "
+              f"{prop:.3f}")
         assert prop < u
     # Using |A| buys precision at no bias: at equal cost, it spends the budget where the gradient is.
 
@@ -152,10 +157,11 @@ def exercise_3(uniform_probs=uniform_probs) -> None:
 # Exercise 4: variance per token
 # --------------------------------------------------------------------------------------------------
 
-def oracle_probs(s: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor, rate: float, floor: float) -> torch.Tensor:
-    """The variance-optimal p under each group's token budget: minimise sum s^2 / p subject to
-    sum p * len = (1 - r) * the group's tokens and floor <= p <= 1. Lagrange: s^2 / p^2 = lambda * len, so
-    p = clip(c |s| / sqrt(len), floor, 1), with c set by the budget: the length scheme's fit, on |s| itself."""
+def oracle_probs(s: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor, rate: float,
+                 floor: float) -> torch.Tensor:
+    """The variance-optimal p under each group's token budget: minimise sum s^2 / p subject to sum p * len =
+    (1 - r) * the group's tokens and floor <= p <= 1. Lagrange: s^2 / p^2 = lambda * len, so p = clip(c |s| /
+    sqrt(len), floor, 1), with c set by the budget: the length scheme's fit, on |s| itself."""
     out = torch.empty_like(s)
     for q in range(s.shape[0]):
         out[q] = keep_probs_from_scores(s[q].abs() / lengths[q].sqrt(), rate, min_keep_prob=floor,
@@ -178,8 +184,8 @@ def exercise_4(oracle_probs=oracle_probs) -> None:
             stds[gamma], tokens[gamma] = exact_std(p, grad), (p * lengths).sum().item()
         p_best = oracle_probs(grad, A, lengths, rate, floor)
         best = exact_std(p_best, grad)
-        # The optimum's conditions: each group's token budget, p in [floor, 1] (0 where A == 0), and Lagrange's
-        # p sqrt(len) / |s| equal for every completion strictly between floor and 1 in a group.
+        # The optimum's conditions: each group's token budget, p in [floor, 1] (0 where A == 0), and
+        # Lagrange's p sqrt(len) / |s| equal for every completion strictly between floor and 1 in a group.
         budget = (1 - rate) * lengths.sum(1)
         assert torch.allclose((p_best * lengths).sum(1)[(A != 0).any(1)], budget[(A != 0).any(1)], rtol=1e-6)
         assert (p_best[A == 0] == 0).all() and (p_best[A != 0] >= floor - 1e-12).all() and (p_best <= 1).all()
@@ -190,7 +196,7 @@ def exercise_4(oracle_probs=oracle_probs) -> None:
         print(f"{world:>22}: exact std / |sum s| at {tokens[0.5]:.0f} expected tokens: "
               + ", ".join(f"gamma {g:g}: {v:.3f}" for g, v in stds.items()) + f"; oracle {best:.3f}")
         assert max(tokens.values()) - min(tokens.values()) < 1e-6 * tokens[0.5]      # the same budget for all
-        assert best <= min(stds.values()) + 1e-12                                     # nothing beats the optimum
+        assert best <= min(stds.values()) + 1e-12                                  # nothing beats the optimum
         winner = min(stds, key=stds.get)
         assert winner == (0.5 if world == "|s| ~ |A|" else 1.0), (world, stds)
     # At the same expected tokens, p ∝ |A| / len^gamma wins with gamma = 1/2 when the gradient's size does not

@@ -1,8 +1,8 @@
 """Chapter 07 exercises, solved and checked: a next-fit packer (window 1), next fit decreasing, micro-batch
 density, and the block-diagonal mask read off the position ids.
 
-Run: python dppo_core/assets/course/solutions/ch07_packing.py   (seconds, no model: synthetic sequences as long as the
-chapter's pruned batch; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch07_packing.py   (seconds, no model: synthetic sequences as
+long as the chapter's pruned batch; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from dppo_core.packing import PackSequence, block_causal_mask, pack, pack_micro_
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Close a row only when the next sequence does not fit in what is left (filling the budget exactly is fine), "
-        "and never go back to an earlier row."),
-    2: ("Sort stably on the negated length so that ties keep their input order, and return indices into the original "
-        "list, not positions in the sorted one."),
-    3: ("Cut the rows in order into chunks of k (the last one may be shorter) and pay for each chunk its number of "
-        "rows times its own longest row."),
-    4: ("Number the segments by a cumulative sum of (position_ids == 0) along each row, combine same-segment with a "
-        "causal tril, and return (R, 1, T, T)."),
+    1: ("Close a row only when the next sequence does not fit in what is left (filling the budget exactly is "
+        "fine), and never go back to an earlier row."),
+    2: ("Sort stably on the negated length so that ties keep their input order, and return indices into the "
+        "original list, not positions in the sorted one."),
+    3: ("Cut the rows in order into chunks of k (the last one may be shorter) and pay for each chunk its "
+        "number of rows times its own longest row."),
+    4: ("Number the segments by a cumulative sum of (position_ids == 0) along each row, combine same-segment "
+        "with a causal tril, and return (R, 1, T, T)."),
 }
 
 
@@ -77,7 +77,8 @@ def exercise_1(next_fit=next_fit) -> None:
 # --------------------------------------------------------------------------------------------------
 
 def next_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
-    """Sort the sequences by length, longest first (the earlier on a tie), then next fit; rows of input indices."""
+    """Sort the sequences by length, longest first (the earlier on a tie), then next fit; rows of input
+    indices."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])        # stable: ties keep input order
     return [[order[k] for k in row] for row in next_fit([lengths[i] for i in order], budget)]
 
@@ -97,9 +98,9 @@ def exercise_2(next_fit_decreasing=next_fit_decreasing) -> None:
         w16 = plan_rows(L, budget, window=16)
         print(f"B = {budget}: next fit decreasing {len(nfd)} rows (density {density(nfd, L):.3f}); "
               f"window 16 in input order {len(w16)} rows ({density(w16, L):.3f})")
-    # Here the window packer in rollout order beats next fit decreasing at both budgets: sorting alone does not
-    # help a packer that closes a row at its first misfit, while a window of 16 finds a short sequence to fill
-    # the gap a long one leaves. And it needs no sort, so the batch keeps its order.
+    # Here the window packer in rollout order beats next fit decreasing at both budgets: sorting alone does
+    # not help a packer that closes a row at its first misfit, while a window of 16 finds a short sequence to
+    # fill the gap a long one leaves. And it needs no sort, so the batch keeps its order.
 
 
 # --------------------------------------------------------------------------------------------------
@@ -107,14 +108,15 @@ def exercise_2(next_fit_decreasing=next_fit_decreasing) -> None:
 # --------------------------------------------------------------------------------------------------
 
 def micro_batch_density(row_lengths: list[int], rows_per_micro_batch: int) -> float:
-    """Real tokens / slots paid when the rows, in order, are cut into micro-batches of ``rows_per_micro_batch``
-    rows, each micro-batch as wide as its longest row."""
-    chunks = [row_lengths[j : j + rows_per_micro_batch] for j in range(0, len(row_lengths), rows_per_micro_batch)]
+    """Real tokens / slots paid when the rows, in order, are cut into micro-batches of
+    ``rows_per_micro_batch`` rows, each micro-batch as wide as its longest row."""
+    chunks = [row_lengths[j : j + rows_per_micro_batch]
+              for j in range(0, len(row_lengths), rows_per_micro_batch)]
     return sum(row_lengths) / sum(len(c) * max(c) for c in chunks)
 
 
 def exercise_3(micro_batch_density=micro_batch_density) -> None:
-    assert math.isclose(micro_batch_density([10, 6, 8, 8, 4], 2), 36 / 40)    # by hand: 2x10 + 2x8 + 1x4 slots
+    assert math.isclose(micro_batch_density([10, 6, 8, 8, 4], 2), 36 / 40)   # by hand: 2x10 + 2x8 + 1x4 slots
     seqs = synthetic_sequences()
     L = [len(s) for s in seqs]
     rows = plan_rows(L, 256, window=16)
@@ -153,10 +155,11 @@ def exercise_4(mask_from_position_ids=mask_from_position_ids) -> None:
     for budget, window in ((128, 16), (256, 4), (512, 1)):
         batch = pack(seqs, budget, window=window)
         ours, package = mask_from_position_ids(batch.position_ids), block_causal_mask(batch.seq_ids)
-        real = batch.seq_ids >= 0                                           # (R, T) query slots that are tokens
+        real = batch.seq_ids >= 0                                         # (R, T) query slots that are tokens
         assert torch.equal(ours[:, 0][real], package[:, 0][real])          # every real token: the same keys
         assert not (ours[:, 0] & real[:, :, None] & ~real[:, None, :]).any()  # no real token sees padding
-    print("mask from position_ids == dppo_core.packing.block_causal_mask(seq_ids) for every real token, 3 packings")
+    print("mask from position_ids == dppo_core.packing.block_causal_mask(seq_ids) for every real token, 3 "
+          "packings")
     # Padding rows differ (block_causal_mask lets a padding slot see earlier padding), which changes nothing:
     # no real token attends to padding either way. Reading boundaries off position_ids is what transformers
     # does in the flash-attention path, given one flattened row with no padding; the package builds the

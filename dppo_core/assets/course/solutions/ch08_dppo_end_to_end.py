@@ -15,12 +15,12 @@ from dppo_core.tools.bench import compare, time_to_target, token_cost_bound
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Interpolate from the last evaluation below the target, skip accuracies that are None, and return None, not "
-        "the last time, if none reaches it."),
-    2: ("The bound is GRPO's time over the method's: the 1 - u that pruning does not touch stays, and only the "
-        "update's share u shrinks, by the factor k."),
-    3: ("Padded pays, per chunk of 64 sequences in order, its size times its longest sequence; packed pays the rows "
-        "times the longest row, not the budget."),
+    1: ("Interpolate from the last evaluation below the target, skip accuracies that are None, and return "
+        "None, not the last time, if none reaches it."),
+    2: ("The bound is GRPO's time over the method's: the 1 - u that pruning does not touch stays, and only "
+        "the update's share u shrinks, by the factor k."),
+    3: ("Padded pays, per chunk of 64 sequences in order, its size times its longest sequence; packed pays "
+        "the rows times the longest row, not the budget."),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +49,8 @@ def my_crossing_time(curve, target):
 def first_evaluation_at_or_above(curve, target):
     """§3's coarse time to target: the time of the first evaluation at or above ``target`` (None if none is),
     resolved to the evaluation cadence."""
-    return next((p["train_s"] for p in curve if p["sampled_accuracy"] is not None and p["sampled_accuracy"] >= target),
+    return next((p["train_s"] for p in curve
+                 if p["sampled_accuracy"] is not None and p["sampled_accuracy"] >= target),
                 None)
 
 
@@ -58,15 +59,16 @@ def _evaluated(times, accuracy):
 
 
 def exercise_1(my_crossing_time=my_crossing_time) -> None:
-    # a curve that is exactly linear between its evaluations: acc(t) = 0.4 + 0.002 t, evaluated at uneven times;
-    # the true crossing of a target a is (a - 0.4) / 0.002, wherever the evaluations fall
+    # a curve that is exactly linear between its evaluations: acc(t) = 0.4 + 0.002 t, evaluated at uneven
+    # times; the true crossing of a target a is (a - 0.4) / 0.002, wherever the evaluations fall
     times = [0.0, 37.0, 81.0, 120.0, 166.0]
     line = _evaluated(times, lambda t: 0.4 + 0.002 * t)
     for target in (0.45, 0.5, 0.55, 0.6, 0.7):
         exact = (target - 0.4) / 0.002
         assert math.isclose(my_crossing_time(line, target), exact, rel_tol=1e-9, abs_tol=1e-9)
     assert my_crossing_time(line, 0.4) == 0.0              # reached at the first evaluation: its time
-    assert my_crossing_time(line, 0.8) is None             # never reached (0.732 at the end): None, not the end
+    assert my_crossing_time(line, 0.8) is None             # never reached (0.732 at the end):
+                                                           # None, not the end
     # a curve that crosses, dips below again and crosses once more: the first crossing counts
     dip = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.40},
            {"step": 10, "train_s": 50.0, "sampled_accuracy": 0.60},
@@ -86,17 +88,19 @@ def exercise_1(my_crossing_time=my_crossing_time) -> None:
     for _ in range(200):
         t, acc, curve = 0.0, rng.uniform(0.2, 0.5), []
         for k in range(rng.randint(1, 8)):
-            curve.append({"step": 10 * k, "train_s": t, "sampled_accuracy": None if rng.random() < 0.1 else acc})
+            curve.append({"step": 10 * k, "train_s": t,
+                          "sampled_accuracy": None if rng.random() < 0.1 else acc})
             t, acc = t + rng.uniform(5.0, 60.0), min(1.0, max(0.0, acc + rng.uniform(-0.08, 0.15)))
-        for target in (rng.uniform(0.2, 0.9), *(p["sampled_accuracy"] for p in curve if p["sampled_accuracy"])):
+        for target in (rng.uniform(0.2, 0.9),
+                       *(p["sampled_accuracy"] for p in curve if p["sampled_accuracy"])):
             mine, coarse = my_crossing_time(curve, target), first_evaluation_at_or_above(curve, target)
             theirs = time_to_target(curve, target)
             assert (mine is None) == (theirs is None) == (coarse is None)
             if mine is not None:
                 assert math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-9)
                 assert mine <= coarse + 1e-9
-    print(f"crossing 0.5 at {my_crossing_time(dip, 0.5):.1f} s by interpolation; the first evaluation at or above "
-          f"it says {first_evaluation_at_or_above(dip, 0.5):.0f} s (the package's time_to_target: "
+    print(f"crossing 0.5 at {my_crossing_time(dip, 0.5):.1f} s by interpolation; the first evaluation at or "
+          f"above it says {first_evaluation_at_or_above(dip, 0.5):.0f} s (the package's time_to_target: "
           f"{time_to_target(dip, 0.5):.1f} s)")
 
 
@@ -119,18 +123,19 @@ def amdahl_bound(u: float, k: float) -> float:
 
 
 def exercise_2(amdahl_bound=amdahl_bound) -> None:
-    # grpo: 100 s of training = rollout + 2 s reward + update + 8 s fixed, on 10,000 tokens; the update's share
-    # u of the time varies, and the method trains a fraction k of the tokens
+    # grpo: 100 s of training = rollout + 2 s reward + update + 8 s fixed, on 10,000 tokens; the update's
+    # share u of the time varies, and the method trains a fraction k of the tokens
     for update in (20.0, 50.0, 80.0):
         grpo = _method(100.0, 10_000, 10_000, rollout=90.0 - update, reward=2.0, update=update)
         u = update / 100.0
         for k in (1.0, 0.5, 0.25, 0.1, 0.0):
             method = _method(0.0, 10_000, round(10_000 * k))
             assert math.isclose(amdahl_bound(u, k), token_cost_bound(grpo, method), rel_tol=1e-9)
-    u = 0.45                                            # about the update's share of a step in section 4's runs
+    u = 0.45  # about the update's share of a step in section 4's runs
     assert math.isclose(amdahl_bound(u, 0.0), 1.0 / (1.0 - u))   # the limit as k -> 0
-    print(f"training on a fraction k of the tokens: bound 1 / (1 - u + u k), at most {amdahl_bound(u, 0.0):.2f}x "
-          f"as k -> 0 when the update is {u:.0%} of the time; beyond that only rollout pruning helps")
+    print("training on a fraction k of the tokens: bound 1 / (1 - u + u k), at most "
+          f"{amdahl_bound(u, 0.0):.2f}x as k -> 0 when the update is {u:.0%} of the time; beyond that only "
+          "rollout pruning helps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,8 +148,8 @@ def slots(lengths: list[int], layout: str, *, micro_batch: int = 64, budget: int
     """Token slots one update pays for (rows x width, summed over its forwards) for sequences of ``lengths``.
 
     ``"padded"``: one sequence per row, micro-batches of ``micro_batch`` sequences in the given order, each as
-    wide as its longest sequence. ``"packed"``: ``plan_rows(lengths, budget, window)`` rows in one batch, as wide
-    as its longest row.
+    wide as its longest sequence. ``"packed"``: ``plan_rows(lengths, budget, window)`` rows in one batch, as
+    wide as its longest row.
     """
     if layout == "padded":
         chunks = [lengths[j : j + micro_batch] for j in range(0, len(lengths), micro_batch)]
@@ -164,7 +169,8 @@ def exercise_3(slots=slots) -> None:
     assert slots(kept_lengths, "padded") == sum(pad([seqs[i] for i in kept[j : j + 64]]).capacity
                                                 for j in range(0, 96, 64))
     assert slots(kept_lengths, "packed") == pack([seqs[i] for i in kept], 128, window=16).capacity
-    # A cost model: rollout and reward per generated token, the update per token SLOT it pays for, a fixed part.
+    # A cost model: rollout and reward per generated token, the update per token SLOT it pays for, a fixed
+    # part.
     c_gen, c_slot, fixed = 2e-3, 1e-3, 5.0
 
     def run(trained: list[int], layout: str) -> dict:
@@ -181,7 +187,8 @@ def exercise_3(slots=slots) -> None:
     assert math.isclose(bound["padded"], bound["packed"])           # the same tokens: the same bound
     density = {n: m["tokens"]["trained"] / m["tokens"]["row_capacity"] for n, m in methods.items()}
     for name in ("padded", "packed"):
-        # the bound prices a trained token at grpo's slots per token; a denser layout pays fewer, a sparser more
+        # the bound prices a trained token at grpo's slots per token; a denser layout pays fewer, a sparser
+        # more
         assert (fraction[name] > 1.0) == (density[name] > density["grpo"])
         # exactly: predicted time (a trained token at grpo's slots per token) over the time it took
         per_token = methods["grpo"]["tokens"]["row_capacity"] / sum(lengths)

@@ -16,12 +16,12 @@ from dppo_core.distributed import DistInfo, shard
 
 # What check() prints under a failed verdict, one sentence per exercise: the mistake to look for first.
 HINTS: dict[int, str] = {
-    1: ("Multiply before dividing, n * rank // world_size, so that the shares are contiguous in rank order and the "
-        "extra prompts go to the later ranks."),
-    2: ("DDP averages over the ranks: divide by the global num_total, not by the share's own size (no mean), and "
-        "scale up by the number of ranks."),
-    3: ("Each rank draws the whole (P, G) matrix with step_generator(seed + rank, step, 'completions') and keeps "
-        "only its shard's rows, joined in rank order."),
+    1: ("Multiply before dividing, n * rank // world_size, so that the shares are contiguous in rank order "
+        "and the extra prompts go to the later ranks."),
+    2: ("DDP averages over the ranks: divide by the global num_total, not by the share's own size (no mean), "
+        "and scale up by the number of ranks."),
+    3: ("Each rank draws the whole (P, G) matrix with step_generator(seed + rank, step, 'completions') and "
+        "keeps only its shard's rows, joined in rank order."),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def exercise_2(ddp_share_loss=ddp_share_loss) -> None:
         world = len(cuts) - 1
         fixed = [grad(torch.arange(a, b), lambda losses, w=world: ddp_share_loss(losses, C, w))
                  for a, b in itertools.pairwise(cuts)]
-        assert torch.allclose(sum(fixed) / world, full, atol=1e-6)           # DDP's average of the fixed losses
+        assert torch.allclose(sum(fixed) / world, full, atol=1e-6)  # DDP's average of the fixed losses
     # Adam's step is m / sqrt(v): invariant to a constant gradient scale (up to eps), so the weights barely
     # change; grad_norm (and SGD, and gradient clipping thresholds) see the factor 1/W.
     def adam_step(g):
@@ -119,7 +119,8 @@ def exercise_3(per_rank_keep=per_rank_keep) -> None:
     probs = pruning.completion_keep_probs(adv, 0.5, min_keep_prob=0.2)
     seed, world, steps = 0, 2, 4000
     # rank 0's rows are its own draw's, rank 1's its own: check one step exactly
-    own = [pruning.sample_keep(probs, pruning.step_generator(seed + r, 7, "completions")) for r in range(world)]
+    own = [pruning.sample_keep(probs, pruning.step_generator(seed + r, 7, "completions"))
+           for r in range(world)]
     assert torch.equal(per_rank_keep(probs, seed, 7, world), torch.cat([own[0][:4], own[1][4:]]))
     assert torch.equal(per_rank_keep(probs, seed, 7, 1), own[0])        # one rank: the single process's draw
     counts_shared = torch.zeros_like(probs)
@@ -132,8 +133,8 @@ def exercise_3(per_rank_keep=per_rank_keep) -> None:
         counts_rank += per_rank
         differs += int(not torch.equal(shared, per_rank))
     se = (probs * (1 - probs) / steps).sqrt()
-    # Each completion is still kept with probability p (the rank's own stream is a valid random stream), so the
-    # 1/p-weighted estimate stays unbiased ...
+    # Each completion is still kept with probability p (the rank's own stream is a valid random stream), so
+    # the 1/p-weighted estimate stays unbiased ...
     assert ((counts_rank / steps - probs).abs() <= 5 * se + 1e-9).all()
     assert ((counts_shared / steps - probs).abs() <= 5 * se + 1e-9).all()
     # ... but the draws are no longer the single process's: a W-rank run stops reproducing the 1-process run
