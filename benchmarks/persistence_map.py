@@ -22,6 +22,9 @@ themselves only) that ran ``grpo_skip``, ``grpo_skip_matched`` and ``dppo_budget
   log ratios; beside them the bench's own 90% and 95% of the final accuracy (``speedup_vs``), which sit near or
   below the start where the baseline climbs little; ``grpo_skip_matched`` against ``grpo_skip`` (the smaller batch's
   own gain) at the same climb targets;
+- any of :data:`OTHERS` the bench also ran (``measured.others``): against ``grpo_skip_matched`` and ``grpo_skip``, and
+  ``dppo_budget`` against it, all to ``grpo_skip_matched``'s climb targets; and the offline filter's pass over the
+  pool (``offline_filter``: prompts kept and dropped, its seconds and tokens, means over the seeds);
 - predicted: ``dppo advise --prompt-scheme fitted`` (rate 0.5, the bench's rule) on each ``grpo_skip`` log, its
   ``prediction`` (:func:`dppo_core.tools.advise.predicted_speedup`) averaged over seeds (geometric mean), and the
   error: log(predicted / measured) at each climb target.
@@ -46,6 +49,9 @@ from dppo_core.tools.advise import advise
 from dppo_core.tools.bench.summary import _bootstrap_ratio, _t975, time_to_target
 
 PAIR = ("dppo_budget", "grpo_skip_matched")
+#: Other methods a point's bench may hold (the offline filter, dynamic sampling, GRESO, dense prompts): each against
+#: the batch-matched baseline, ``grpo_skip`` and the rollout budget, all to the batch-matched baseline's climb.
+OTHERS = ("grpo_skip_filtered", "dapo_sampling", "greso_sampling", "dppo")
 TARGETS = ("0.90", "0.95")
 #: The map's targets: these fractions of the batch-matched baseline's climb from the start (module docstring).
 CLIMB = (0.50, 0.75)
@@ -62,12 +68,13 @@ def _all_equal_share(bench_dir: Path, method: str, seeds: list[int]) -> float:
     return sum(not informative(r) for r in groups) / len(groups)
 
 
-def climb_speedups(bench: dict, baseline: str, method: str) -> dict[str, Any]:
-    """``method`` against ``baseline`` to each :data:`CLIMB` fraction of the baseline's climb, by seed pairs."""
+def climb_speedups(bench: dict, baseline: str, method: str, targets_of: str | None = None) -> dict[str, Any]:
+    """``method`` against ``baseline`` to each :data:`CLIMB` fraction of the climb of ``targets_of`` (default: the
+    baseline's), by seed pairs."""
     runs = {(r["method"], r["seed"]): r for r in bench["runs"]}
     seeds = sorted(s for m, s in runs if m == baseline and (method, s) in runs)
     start = statistics.fmean(r["curve"][0]["sampled_accuracy"] for r in bench["runs"])
-    final = statistics.fmean(runs[(baseline, s)]["accuracy"]["after"] for s in seeds)
+    final = statistics.fmean(runs[(targets_of or baseline, s)]["accuracy"]["after"] for s in seeds)
     out: dict[str, Any] = {"start": round(start, 4), "baseline_final": round(final, 4)}
     for f in CLIMB:
         target = start + f * (final - start)
@@ -86,6 +93,14 @@ def climb_speedups(bench: dict, baseline: str, method: str) -> dict[str, Any]:
                            "ci95": [round(x, 3) for x in ci] if ci else None, "paired_ci95": paired,
                            "per_seed": [round(b / m, 3) for b, m in both], "missed": len(times) - len(both)}
     return out
+
+
+def _prefilter(runs_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """The offline filter's pass over the pool (its ``event: prefilter`` line), summed over the seeds."""
+    lines = [json.loads(line) for s in seeds for line in (runs_dir / f"seed-{s}" / "metrics.jsonl").open()]
+    lines = [m for m in lines if m.get("event") == "prefilter"]
+    keys = ("pool", "kept", "dropped_all_correct", "dropped_all_wrong", "time_prefilter", "tokens_generated")
+    return {"seeds": len(lines), **{k: round(statistics.fmean(m[k] for m in lines), 2) for k in keys}}
 
 
 def point(bench_dir: Path) -> dict[str, Any]:
@@ -112,6 +127,16 @@ def point(bench_dir: Path) -> dict[str, Any]:
                        "smaller_batch_climb": climb_speedups(bench, "grpo_skip", PAIR[1]),
                        "of_final": {t: {k: e.get(k) for k in ("target", "time_to_target", "ci95", "missed")}
                                     for t, e in bench["speedup_vs"][PAIR[1]][PAIR[0]]["by_target"].items()}}
+    others = [m for m in OTHERS if m in bench["methods"]]
+    for m in others:
+        out["all_equal_share"][m] = round(_all_equal_share(bench_dir, m, seeds), 4)
+        out["final_accuracy"][m] = round(bench["methods"][m]["accuracy"]["after"], 4)
+        out["measured"].setdefault("others", {})[m] = {
+            "against_grpo_skip_matched": climb_speedups(bench, PAIR[1], m),
+            "against_grpo_skip": climb_speedups(bench, "grpo_skip", m, targets_of=PAIR[1]),
+            "dppo_budget_against_it": climb_speedups(bench, m, PAIR[0], targets_of=PAIR[1])}
+    if "grpo_skip_filtered" in others:
+        out["offline_filter"] = _prefilter(bench_dir / "runs" / "grpo_skip_filtered", seeds)
     predictions = [advise(log, prompt_scheme="fitted")["prediction"] for log in logs]
     for key in ("effective_batch_ratio", "steps_speedup", "step_cost_ratio", "time_speedup"):
         value = _geomean([p.get(key) for p in predictions])
@@ -136,6 +161,10 @@ def main() -> None:
         print(f"{p['preset']:15s} P(ae|ae) {p['p_equal_after_equal']:.3f}  measured to 50% / 75% of the climb "
               f"{m['0.50']['speedup']}x {m['0.50']['ci95']} / {m['0.75']['speedup']}x {m['0.75']['ci95']}  "
               f"predicted {pr['time_speedup']}x (steps {pr['steps_speedup']}x, rho {pr['effective_batch_ratio']})")
+        for m, vs in p["measured"].get("others", {}).items():
+            for name, e in vs.items():
+                print(f"    {m:18s} {name:26s} " + "  ".join(
+                    f"{f}: {e[f]['speedup']}x {e[f]['ci95']} (missed {e[f]['missed']})" for f in ("0.50", "0.75")))
     print(f"mean |log(predicted / measured)|: {result['mean_abs_log_error']}")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

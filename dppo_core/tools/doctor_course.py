@@ -1,7 +1,7 @@
 """The course install's line of ``dppo doctor`` (:func:`check_course_install`): whether ``pip install
-"dppo-core[course]"`` (a wheel from ``make dist``, as a workshop laptop or Colab gets it) left everything the chapters
-need: the package data they read (:data:`COURSE_ASSETS`), the ``course`` extra's modules as the installed metadata
-lists them, the shipped warm start, and torch within the package's range.
+"dppo-core[course]"`` (a wheel from ``make dist``, as a workshop laptop or Colab gets it) left everything the
+chapters need: the package data they read (:data:`COURSE_ASSETS`), the ``course`` extra's modules as the
+installed metadata lists them, the shipped warm start, and torch within the package's range.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from dppo_core.tools.doctor import (
 )
 
 # ------------------------------------------------------------------------------------- the course install
-# `pip install "dppo-core[course]"` (a wheel from `make dist`, or an index) is all a chapter needs: the library,
-# the `course` extra (JupyterLab, widgets), and package data the chapters read instead of the repository.
+# `pip install "dppo-core[course]"` (a wheel from `make dist`, or an index) is all a chapter needs: the
+# library, the `course` extra (JupyterLab, widgets), and package data the chapters read instead of the
+# repository.
 
-#: Where the course's package data is installed (``dppo_core/assets/course/``, listed in pyproject's package-data).
+#: Where the course's package data is installed (``dppo_core/assets/course/``, listed in pyproject's
+#: package-data).
 COURSE_ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "course"
-#: The solutions files ``check()`` runs, one per chapter (tests/system/test_doctor.py keeps this list equal to the names
-#: the chapters pass to ``check("ch03_grpo", ...)``).
+#: The solutions files ``check()`` runs, one per chapter (tests/system/test_doctor.py keeps this list equal to
+#: the names the chapters pass to ``check("ch03_grpo", ...)``).
 COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_grpo", "ch03b_estimation",
                     "ch04_lora_qlora", "ch05_prompt_pruning", "ch06_completion_pruning", "ch07_packing",
                     "ch08_dppo_end_to_end", "ch09_scaling_out")
@@ -39,14 +41,17 @@ COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_gr
 COURSE_RESULTS = tuple(
     [f"benchmarks/results/{name}/bench.json" for name in ("cpu-baselines", "cpu-peers")]
     + ["benchmarks/results/packing/update_time.json", "benchmarks/results/rollout_throughput.json",
-       "benchmarks/results/smollm2/summary.json"]
+       "benchmarks/results/smollm2/summary.json", "benchmarks/results/persistence-map/map.json",
+       "benchmarks/results/persistence-map/persist-70-filter/point.json"]
     + [f"benchmarks/results/tiny-grpo/curves-kl-0.04/seed-{seed}/{log}.jsonl"
        for seed in (0, 1, 2) for log in ("eval", "metrics")])
-#: What :func:`check_course_install` requires under :data:`COURSE_ASSETS_DIR`, in one list: files, relative to it.
+#: What :func:`check_course_install` requires under :data:`COURSE_ASSETS_DIR`, in one list: files, relative to
+#: it.
 COURSE_ASSETS = (tuple(f"solutions/{stem}.py" for stem in COURSE_SOLUTIONS)
                  + tuple(f"results/{path}" for path in COURSE_RESULTS))
 COURSE_EXTRA = "course"
-#: The extra's distributions when dppo-core's metadata cannot be read (pyproject's `course` list, as of writing).
+#: The extra's distributions when dppo-core's metadata cannot be read (pyproject's `course` list, as of
+#: writing).
 COURSE_FALLBACK = ("jupyterlab", "ipywidgets")
 #: Distributions whose module is not their name with "-" as "_" (the others are looked up in the installed
 #: metadata's top-level names, then guessed that way).
@@ -54,8 +59,8 @@ IMPORT_NAMES = {"pyyaml": "yaml", "ipython": "IPython", "pillow": "PIL", "scikit
                 "beautifulsoup4": "bs4", "python-dateutil": "dateutil", "pyzmq": "zmq"}
 #: How to rebuild a course install whose package data is missing or old.
 COURSE_REINSTALL = ('rebuild the wheel from a complete checkout (`make dist`) and reinstall it: pip install '
-                    '--force-reinstall --no-deps dist/dppo_core-*.whl   (Colab: %pip install --force-reinstall '
-                    '--no-deps /content/<the wheel>, then restart the runtime)')
+                    '--force-reinstall --no-deps dist/dppo_core-*.whl   (Colab: %pip install '
+                    '--force-reinstall --no-deps /content/<the wheel>, then restart the runtime)')
 
 
 def course_requirements(extra: str = COURSE_EXTRA) -> tuple[dict[str, str], str]:
@@ -70,7 +75,8 @@ def course_requirements(extra: str = COURSE_EXTRA) -> tuple[dict[str, str], str]
     try:
         requires = importlib.metadata.requires("dppo-core") or []
     except importlib.metadata.PackageNotFoundError:
-        return dict.fromkeys(COURSE_FALLBACK, ""), "dppo-core is not installed (no metadata): checked the built-in list"
+        return (dict.fromkeys(COURSE_FALLBACK, ""),
+                "dppo-core is not installed (no metadata): checked the built-in list")
     reqs = []
     for text in requires:
         with contextlib.suppress(Exception):  # a malformed line must not break the doctor
@@ -78,7 +84,8 @@ def course_requirements(extra: str = COURSE_EXTRA) -> tuple[dict[str, str], str]
 
     def in_extra(req, name: str) -> bool:
         try:
-            return bool(req.marker) and req.marker.evaluate({"extra": name}) and not req.marker.evaluate({"extra": ""})
+            return (bool(req.marker) and req.marker.evaluate({"extra": name})
+                    and not req.marker.evaluate({"extra": ""}))
         except Exception:  # noqa: BLE001
             return False
 
@@ -97,8 +104,8 @@ def course_requirements(extra: str = COURSE_EXTRA) -> tuple[dict[str, str], str]
             else:
                 out.setdefault(canonicalize_name(req.name), spec_text(req.specifier))
     if not out:
-        return (dict.fromkeys(COURSE_FALLBACK, ""), f"the installed dppo-core's metadata has no `{extra}` extra "
-                "(installed before it existed?): checked the built-in list")
+        return (dict.fromkeys(COURSE_FALLBACK, ""), f"the installed dppo-core's metadata has no `{extra}` "
+                "extra (installed before it existed?): checked the built-in list")
     return out, ""
 
 
@@ -109,9 +116,11 @@ def import_name(dist: str) -> str:
     guess = dist.replace("-", "_").replace(".", "_")
     if _find_spec(guess) is not None:
         return guess
-    with contextlib.suppress(Exception):  # the installed distribution's own top-level names (a full scan: slower)
+    # the installed distribution's own top-level names (a full scan: slower)
+    with contextlib.suppress(Exception):
         provides = sorted(m for m, dists in importlib.metadata.packages_distributions().items()
-                          if any(d.lower().replace("_", "-") == dist for d in dists) and not m.startswith("_"))
+                          if any(d.lower().replace("_", "-") == dist for d in dists)
+                          and not m.startswith("_"))
         if provides and guess not in provides:
             return provides[0]
     return guess
@@ -146,7 +155,8 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
                      "plots cannot work")
         fixes.append(COURSE_REINSTALL)
     else:
-        found.append(f"{len(COURSE_SOLUTIONS)} solutions files and {len(COURSE_RESULTS)} committed results shipped")
+        found.append(f"{len(COURSE_SOLUTIONS)} solutions files and {len(COURSE_RESULTS)} committed results "
+                     "shipped")
 
     reqs, note = course_requirements()
     if note:
@@ -181,8 +191,8 @@ def check_course_install(cache_dir: str | Path | None = None) -> Check:
         elif (warm_model_dir(cache_dir) / "config.json").exists():
             found.append("warm start cached (not shipped)")
         else:
-            warns.append("no shipped warm start (dppo_core/assets/warm-start/): chapters 03-08 train it first, "
-                         "minutes per laptop")
+            warns.append("no shipped warm start (dppo_core/assets/warm-start/): chapters 03-08 train it "
+                         "first, minutes per laptop")
             fixes.append(COURSE_REINSTALL + "; or run `dppo build` once before the workshop")
     except Exception as exc:  # noqa: BLE001
         fails.append(f"cannot look for the warm start ({describe_error(exc)})")

@@ -81,7 +81,7 @@ def test_every_committed_result_says_what_made_it():
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
 HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched",
-                    "cpu-persist-50", "cpu-persist-70", "cpu-persist-85")
+                    "cpu-persist-50", "cpu-persist-70", "cpu-persist-85", "cpu-persist-70-filter")
 
 
 def test_the_readme_headline_is_the_committed_equal_tuning_tables():
@@ -123,7 +123,8 @@ def test_the_batch_matched_tables_are_generated_from_their_bench_json():
 
 
 def test_the_persistence_map_is_its_committed_benches():
-    """The persistence map (issue #63): the cpu-persist-70, -50 and -85 tables of docs/benchmarks.md and of the
+    """The persistence map (issue #63): the cpu-persist-70, -50, -85 and second -70 (seeds 6-10, with the offline
+    filter) tables of docs/benchmarks.md and of the
     map's README are format_markdown of their committed bench.json; map.json's figures of each
     point are its bench's, ordered by persistence, with a prediction and its error; the README says against which
     baselines the gain holds."""
@@ -135,7 +136,7 @@ def test_the_persistence_map_is_its_committed_benches():
     start, end = (m.format(preset="cpu-persist-70") for m in README_MARKERS)
     for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
         assert doc.read_text().split(start)[1].split(end)[0].strip() == format_markdown(result, result["command"]), doc
-    for share in (50, 85):
+    for share in ("50", "85", "70-filter"):
         other = json.loads((folder / f"persist-{share}/bench.json").read_text())
         start, end = (m.format(preset=f"cpu-persist-{share}") for m in README_MARKERS)
         for doc in (ROOT / "docs/benchmarks.md", folder / "README.md"):
@@ -152,6 +153,13 @@ def test_the_persistence_map_is_its_committed_benches():
         assert {t: e["time_to_target"] for t, e in p["measured"]["of_final"].items()} == {
             t: e["time_to_target"] for t, e in vs.items()}
         assert p["predicted"]["time_speedup"] > 0 and set(p["error"]) == {"0.50", "0.75"}
+    again = json.loads((folder / "persist-70-filter/bench.json").read_text())
+    point = json.loads((folder / "persist-70-filter/point.json").read_text())["points"][0]
+    vs = again["speedup_vs"]["grpo_skip_matched"]["dppo_budget"]["by_target"]
+    assert {t: e["time_to_target"] for t, e in point["measured"]["of_final"].items()} == {
+        t: e["time_to_target"] for t, e in vs.items()}
+    assert set(again["seeds"]).isdisjoint(result["seeds"]) and "grpo_skip_filtered" in point["measured"]["others"]
+    assert point["offline_filter"]["seeds"] == len(again["seeds"])
     readme = " ".join((ROOT / "README.md").read_text().split())
     vs = result["speedup_vs"]
     for base in ("grpo_skip_matched", "grpo_skip"):
