@@ -25,6 +25,8 @@ themselves only) that ran ``grpo_skip``, ``grpo_skip_matched`` and ``dppo_budget
 - any of :data:`OTHERS` the bench also ran (``measured.others``): against ``grpo_skip_matched`` and ``grpo_skip``, and
   ``dppo_budget`` against it, all to ``grpo_skip_matched``'s climb targets; and the offline filter's pass over the
   pool (``offline_filter``: prompts kept and dropped, its seconds and tokens, means over the seeds);
+- with ``--pool``, instead: several invocations of one point on disjoint seeds, ``dppo_budget``'s per-seed ratios
+  against ``grpo_skip_matched`` and ``grpo_skip`` pooled (:func:`pooled`);
 - predicted: ``dppo advise --prompt-scheme fitted`` (rate 0.5, the bench's rule) on each ``grpo_skip`` log, its
   ``prediction`` (:func:`dppo_core.tools.advise.predicted_speedup`) averaged over seeds (geometric mean), and the
   error: log(predicted / measured) at each climb target.
@@ -147,11 +149,41 @@ def point(bench_dir: Path) -> dict[str, Any]:
     return out
 
 
+def pooled(benches: list[Path]) -> dict[str, Any]:
+    """Several invocations of one point (the same preset, disjoint seeds): ``dppo_budget`` against each baseline to
+    each climb target of its own invocation, the per-seed ratios of all of them together (each ratio inside its
+    invocation, so no time is compared across invocations): geometric mean and a t-interval on the log ratios."""
+    loaded = [json.loads((b / "bench.json").read_text()) for b in benches]
+    if len({b["preset"] for b in loaded}) != 1:
+        raise SystemExit("--pool: the benches must be invocations of one preset")
+    out: dict[str, Any] = {"preset": loaded[0]["preset"], "benches": [str(b) for b in benches],
+                           "seeds": sorted(s for b in loaded for s in b["seeds"])}
+    for base in (PAIR[1], "grpo_skip"):
+        out[base] = {}
+        for f in CLIMB:
+            ratios = [x for b in loaded for x in climb_speedups(b, base, PAIR[0])[f"{f:.2f}"]["per_seed"]]
+            logs = [math.log(x) for x in ratios]
+            centre = statistics.fmean(logs)
+            half = _t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+            out[base][f"{f:.2f}"] = {"geomean": round(math.exp(centre), 4), "n": len(logs),
+                                     "t_ci95": [round(math.exp(centre - half), 4), round(math.exp(centre + half), 4)]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("benches", nargs="+", type=Path, help="bench directories, one per point of the map")
     ap.add_argument("--output", type=Path, default=None, help="write the map here as JSON")
+    ap.add_argument("--pool", action="store_true",
+                    help="the benches are invocations of one point on disjoint seeds: write their pooled per-seed "
+                         "ratios (no advise replay)")
     args = ap.parse_args()
+    if args.pool:
+        result = pooled(args.benches)
+        print(json.dumps(result, indent=1))
+        if args.output:
+            args.output.write_text(json.dumps(result, indent=1) + "\n")
+        return
     points = sorted((point(b) for b in args.benches), key=lambda p: p["p_equal_after_equal"])
     errors = [abs(e) for p in points for e in p["error"].values() if e is not None]
     result = {"points": points,

@@ -160,6 +160,12 @@ def test_the_persistence_map_is_its_committed_benches():
         t: e["time_to_target"] for t, e in vs.items()}
     assert set(again["seeds"]).isdisjoint(result["seeds"]) and "grpo_skip_filtered" in point["measured"]["others"]
     assert point["offline_filter"]["seeds"] == len(again["seeds"])
+    pool = json.loads((folder / "persist-70-filter/pooled.json").read_text())  # persistence_map.py --pool
+    assert pool["seeds"] == sorted(result["seeds"] + again["seeds"])
+    said = " ".join((folder / "README.md").read_text().split())
+    for base in ("grpo_skip_matched", "grpo_skip"):
+        for e in pool[base].values():
+            assert f"{e['geomean']:.2f}x [{e['t_ci95'][0]:.2f}, {e['t_ci95'][1]:.2f}]" in said, (base, e)
     readme = " ".join((ROOT / "README.md").read_text().split())
     vs = result["speedup_vs"]
     for base in ("grpo_skip_matched", "grpo_skip"):

@@ -149,8 +149,9 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
         if shown := {name: plan for name, plan in changed.items() if name in table and name != ref}:
             lines += ["", "`†`: trains a changed objective: its rollout plan ("
                       + ", ".join(f"`{plan}`" for plan in sorted(set(shown.values())))
-                      + ") is not exact (dppo_core/registry.py), so its groups are not a draw from the full "
-                      "batch's and its gain is not an unbiased method's."]
+                      + ") is not exact (dppo_core/registry.py): its groups are not a draw from the "
+                      "full batch's, so its loss and gradient at the step's parameters are not unbiased for "
+                      "the full batch's."]
         lines += format_ceiling(result, ref, fractions)
     return lines
 
