@@ -101,3 +101,24 @@ def test_the_realistic_pool_rule_solves_the_two_target_shares():
     assert out["level_weights"] == pytest.approx([0.3, 0.125, 0.125, 0.125, 0.125, 0.2])
     assert out["expected_shares"]["all_correct"] == pytest.approx(0.3)
     assert out["expected_shares"]["all_wrong"] == pytest.approx(0.2)
+    assert level_success.pool_weights(per_level, 0.3, 0.2) == out  # reachable: the rule itself
+
+
+def test_the_pool_rule_falls_back_to_the_all_equal_share_when_nothing_is_always_solved():
+    """A model that solves no level every time (SmolLM2 at T = 1) cannot give 30% all-correct groups: the
+    exact solution is no mixture, so the fallback keeps levels 1-5 at 2 : 1 : 1 : 1 : 1 and puts on level 6
+    the grid weight whose expected all-equal share is nearest 50%."""
+    level_success = _load("level_success")
+    mixed = {"all_correct": 0.0, "all_wrong": 0.0, "mixed": 1.0, "mean_success": 0.5}
+    per_level = {**{lvl: mixed for lvl in (1, 2, 3, 4, 5)},
+                 6: {"all_correct": 0.0, "all_wrong": 1.0, "mixed": 0.0, "mean_success": 0.0}}
+    assert not level_success.feasible(level_success.solve_weights(per_level, 0.3, 0.2)["exact"])
+    out = level_success.pool_weights(per_level, 0.3, 0.2)
+    assert out["rule"] == "fallback: all-equal share" and out["levels"] == [1, 2, 3, 4, 5, 6]
+    # level 6 at 0.5 gives exactly 50% all-equal groups; the rest 2 : 1 : 1 : 1 : 1
+    assert out["level_weights"] == pytest.approx([0.5 / 3, 0.5 / 6, 0.5 / 6, 0.5 / 6, 0.5 / 6, 0.5], abs=1e-4)
+    assert out["expected_shares"]["all_wrong"] == pytest.approx(0.5)
+    # levels 1-5 already half all-wrong: level 6 gets nothing
+    half = {"all_correct": 0.0, "all_wrong": 0.5, "mixed": 0.5, "mean_success": 0.2}
+    out = level_success.pool_weights({**{lvl: half for lvl in (1, 2, 3, 4, 5)}, 6: per_level[6]}, 0.3, 0.2)
+    assert out["level_weights"][-1] == 0.0

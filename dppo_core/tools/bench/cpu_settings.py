@@ -120,3 +120,27 @@ def persistence_steps(share: float) -> int:
         raise ValueError(f"share={share!r}: the level-6 share of the pool must be in [0, 1)")
     return max(PERSISTENCE_BASE_STEPS, 10 * round(PERSISTENCE_BASE_STEPS * (1 - CPU_REALISTIC_WEIGHTS[-1])
                                                   / (1 - share) / 10))
+
+#: The smollm2-realistic pool (issue #66): the cpu-realistic pool's target and rule for SmolLM2-135M-Instruct
+#: (the smollm2-grpo preset: one solved example in the prompt, G = 8, T = 1, 32 tokens), its levels' success
+#: distributions measured by ``benchmarks/level_success.py --preset smollm2-grpo`` (128 training prompts per
+#: level; all 79 of level 1). Written before the comparison ran, and the fallback before levels 2-6 were
+#: measured in full (a first look at 32 prompts of levels 1, 3 and 6, then all of level 1, had found 1 prompt
+#: of 79 solved 8 times out of 8):
+#:
+#: - **Target**: cpu-realistic's (30% all correct, 20% all wrong, 50% mixed at step 0), by its rule where the
+#:   model can reach it.
+#: - **Fallback**, where it cannot (the exact solution is not a mixture): SmolLM2 at T = 1 solves no level
+#:   every time, so the all-correct share is out of reach at step 0. The pool keeps the target's all-equal
+#:   half with the groups the model gives, all wrong: a weaker model's difficulty distribution is massed at
+#:   0/8, the mirror of a stronger one's (POLARIS, above). Levels 1-5 keep cpu-realistic's proportions among
+#:   themselves (0.3 : 0.15 x 4) and level 6 takes the weight, on the 0.05 grid, whose expected all-equal
+#:   share is nearest 50%. All-correct groups then come from training, as the model learns the easy levels.
+#:
+#: Measured (benchmarks/results/smollm2-realistic/level_success.json, README): the share of all-wrong groups
+#: is 8.9% at level 1, 77% at level 2, 55% at level 3, 73% at level 4, 96% at level 5 and 92% at level 6;
+#: all-correct groups 1 of 79 prompts at level 1 and 1 of 128 at level 4. The fallback applies, and levels
+#: 1-5 alone already start 54% all-equal: level 6 gets no weight (it stays in ``train_levels`` so that the
+#: prompt's solved example, drawn from the pool's levels, is the one measured).
+SMOLLM2_REALISTIC_LEVELS: tuple[int, ...] = CPU_REALISTIC_LEVELS
+SMOLLM2_REALISTIC_WEIGHTS: tuple[float, ...] = (0.3333, 0.1667, 0.1667, 0.1667, 0.1667, 0.0)

@@ -25,6 +25,8 @@ from dppo_core.tools.bench.cpu_settings import (
     CPU_REALISTIC_WEIGHTS,
     PERSISTENCE_METHODS,
     PERSISTENCE_SHARES,
+    SMOLLM2_REALISTIC_LEVELS,
+    SMOLLM2_REALISTIC_WEIGHTS,
     persistence_steps,
 )
 
@@ -191,6 +193,18 @@ def persistence_preset(share: float) -> BenchPreset:
                 "steps)")
 
 
+#: The smollm2-realistic bench's shared setting on top of the smollm2-grpo preset: the pool of
+#: :data:`~dppo_core.tools.bench.cpu_settings.SMOLLM2_REALISTIC_WEIGHTS`, 60 steps, no KL term (the preset's),
+#: two threads (the bench runs one run at a time: alone, two threads make a step 1.7x faster,
+#: benchmarks/results/smollm2/threads.json), evaluated every 5 steps (13 points) on the held-out problems of
+#: levels 1-5 (40 of each; level 1 has 21), greedy and one sample at T = 1.
+SMOLLM2_REALISTIC_SETTING: dict[str, Any] = {
+    "train_levels": list(SMOLLM2_REALISTIC_LEVELS), "level_weights": list(SMOLLM2_REALISTIC_WEIGHTS),
+    "train_pool_size": 256, "max_steps": 60, "eval_steps": 5, "eval_levels": [1, 2, 3, 4, 5],
+    "eval_problems_per_level": 40, "eval_samples": 1, "save_steps": 0, "beta": 0.0, "cpu_threads": 2}
+SMOLLM2_REALISTIC_RUNTIME = ("about 4 hours on 2 CPU cores (12 runs of about 20 minutes); --seeds 1 for a "
+                             "first look")
+
 BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
     BenchPreset(
         "cpu-smoke", "every method for 3 tiny steps on the untrained tiny model: checks the pipeline, not "
@@ -278,6 +292,15 @@ BENCH_PRESETS: dict[str, BenchPreset] = {p.name: p for p in (
         runtime="about 20-35 minutes on one H100-class GPU (9 runs of 7 steps, the first 2 of each "
                 "untimed)"),
     *(persistence_preset(share) for share in PERSISTENCE_SHARES),
+    BenchPreset(
+        "smollm2-realistic", "a real pretrained model (issue #66): SmolLM2-135M-Instruct with LoRA (the "
+                             "smollm2-grpo preset) on a pool shaped like real data for it (levels 1-5 by the "
+                             "smollm2-realistic rule: it solves no level every time at T = 1, so about half "
+                             "the groups start all wrong), grpo_skip at the full and at the matched batch, "
+                             "dppo (dense prompts) and dppo_budget, evaluated on levels 1-5",
+        base="smollm2-grpo", methods=("grpo_skip", "grpo_skip_matched", "dppo", "dppo_budget"),
+        overrides=SMOLLM2_REALISTIC_SETTING, method_overrides=CPU_REALISTIC_METHOD_OVERRIDES,
+        seeds=(1, 2, 3), runtime=SMOLLM2_REALISTIC_RUNTIME),
 )}
 
 
