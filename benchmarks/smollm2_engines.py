@@ -3,15 +3,22 @@
     python benchmarks/smollm2_engines.py [OUT] [--steps N] [--rounds R]
         (OUT: benchmarks/results/smollm2; defaults 3 steps, 1 round: about 15 minutes on 2 cores)
 
-Each setting is a few steps of ``dppo train --preset smollm2-grpo`` alone on the machine (evaluation cut to one
-problem, no checkpoints), as training runs the engine: ``rollout_engine=hf`` (the policy itself, PEFT's LoRA
-layers in its forward) or ``rollout_engine=vllm`` (vLLM in-process, the LoRA adapter handed over after every
-update: the ``sync`` phase), with ``cpu_threads`` 1 and 2. The settings run in ``--rounds`` rounds, each round
-every setting once in turn, so that a change in the machine's load meets every setting alike. Per setting, over
-the steps after the first of every round (the first warms up): the median seconds of a step's rollout, of its
-sync, and the generated tokens per second of rollout + sync (a step's tokens over the two phases' seconds),
-which is what choosing the engine changes. Writes ``OUT/engines.json`` and prints a table; nothing else may run
-beside it.
+Each setting is a few steps of ``dppo train --preset smollm2-grpo`` alone on the machine (evaluation cut to
+one problem, no checkpoints), as training runs the engine: ``rollout_engine=hf`` (the policy itself, PEFT's
+LoRA layers in its forward) or ``rollout_engine=vllm`` (vLLM in-process, the LoRA adapter handed over after
+every update: the ``sync`` phase), with ``cpu_threads`` 1 and 2. The settings run in ``--rounds`` rounds, each
+round every setting once in turn, so that a change in the machine's load meets every setting alike. Per
+setting, over the steps after the first of every round (the first warms up): the median seconds of a step's
+rollout, of its sync, and the generated tokens per second of rollout + sync (a step's tokens over the two
+phases' seconds), which is what choosing the engine changes. Writes ``OUT/engines.json`` and prints a table;
+nothing else may run beside it.
+
+``--folded`` measures instead (and adds to ``OUT/engines.json``) what vLLM would cost without serving the
+adapter (the trainer's sync folds LoRA into the base weights when the engine serves none,
+``VLLMRollout(lora=False)``; no configuration asks for it yet): in one process per thread count, a step's
+rollout (8 training prompts x 8 completions, T = 1, the preset's prompt and length) by vLLM on the base
+weights and by the transformers engine on the PEFT policy, three timed calls each after a warm-up, and the
+time to push the folded weights into vLLM.
 """
 
 from __future__ import annotations
@@ -41,13 +48,76 @@ def _run(engine: str, threads: int, steps: int, out: Path) -> list[dict]:
     return [r for r in lines if "step_time" in r and r["step"] > 1]
 
 
+def _folded(threads: int) -> dict:
+    """In this process: vLLM on the base weights against the transformers engine on the PEFT policy."""
+    import random
+
+    import torch
+
+    from dppo_core.config import preset
+    from dppo_core.data import prompt_renderer
+    from dppo_core.engines.hf import HFRollout
+    from dppo_core.engines.types import SamplingConfig
+    from dppo_core.engines.vllm import VLLMRollout
+    from dppo_core.policy import load_policy, resolve_model_path
+    from dppo_core.tasks import ArithmeticTask
+
+    torch.set_num_threads(threads)
+    config = preset("smollm2-grpo")
+    path = resolve_model_path(config)
+    policy, tokenizer = load_policy(config, path, torch.device("cpu"))
+    render = prompt_renderer(config)
+    problems = random.Random(0).sample(ArithmeticTask([3]).train(3), 8)
+    prompts = [render(p.messages()) for p in problems]
+    out: dict = {"cpu_threads": threads}
+    engines = {"hf": HFRollout(policy, tokenizer), "vllm_base": VLLMRollout(path, tokenizer, lora=False)}
+    for name, engine in engines.items():
+        engine.generate(prompts, 8, SamplingConfig(max_tokens=32, temperature=1.0, seed=100))  # warm-up
+        calls = []
+        for seed in range(3):
+            t = time.perf_counter()
+            batch = engine.generate(prompts, 8, SamplingConfig(max_tokens=32, temperature=1.0, seed=seed))
+            calls.append({"seconds": time.perf_counter() - t, "tokens": batch.num_generated_tokens})
+        out[name] = {"calls": calls, "median_seconds": statistics.median(c["seconds"] for c in calls),
+                     "tokens_per_s": statistics.median(c["tokens"] / c["seconds"] for c in calls)}
+    t = time.perf_counter()
+    engines["vllm_base"].sync(policy)  # LoRA folded into the base weights, pushed in memory
+    out["vllm_folded_sync_seconds"] = time.perf_counter() - t
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, default=Path("benchmarks/results/smollm2"))
     parser.add_argument("--steps", type=int, default=3, help="steps per run (the first is not timed)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--folded", action="store_true", help="time vLLM on folded weights instead (above)")
+    parser.add_argument("--folded-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.folded_worker:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        print(json.dumps(_folded(args.folded_worker)))
+        return 0
     out = args.out
+    if args.folded:
+        folded = []
+        for threads in (1, 2):
+            proc = subprocess.run([sys.executable, __file__, "--folded-worker", str(threads)],
+                                  capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            if proc.returncode:
+                raise SystemExit(f"--folded with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
+            folded.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            row = folded[-1]
+            print(f"{threads} thread(s): a step's rollout: transformers (PEFT policy) "
+                  f"{row['hf']['median_seconds']:.1f} s, vLLM on the base weights "
+                  f"{row['vllm_base']['median_seconds']:.1f} s; folded sync "
+                  f"{row['vllm_folded_sync_seconds']:.2f} s",
+                  flush=True)
+        report = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
+        report["folded"] = {"command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "runs": folded}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+        return 0
     steps: dict[tuple[str, int], list[dict]] = {s: [] for s in SETTINGS}
     walls: dict[tuple[str, int], list[float]] = {s: [] for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="smollm2-engines-") as tmp:

@@ -74,12 +74,15 @@ def choose(table: dict[str, dict[str, dict]], grid: list[float], schedules: list
 
 def collect(output: Path, grid: list[float], methods: list[str], schedules: list[str]) -> dict:
     table: dict[str, dict[str, dict]] = {m: {} for m in methods}
+    stderrs: list[float] = []
     for schedule in schedules:
         for lr in grid:
             bench = lr_dir(output, lr, schedule) / "bench.json"
             if not bench.exists():
                 raise SystemExit(f"{bench} is missing: run without --summarize first")
             for run in json.loads(bench.read_text())["runs"]:
+                if run["method"] in table and run.get("eval_stderr_max") is not None:
+                    stderrs.append(run["eval_stderr_max"])
                 if run["method"] in table:
                     table[run["method"]][setting(lr, schedule)] = {
                         "score": score(run["curve"]), "final_accuracy": run["curve"][-1]["sampled_accuracy"],
@@ -90,12 +93,14 @@ def collect(output: Path, grid: list[float], methods: list[str], schedules: list
     if missing:
         raise SystemExit(f"no run of {', '.join(missing)}: run without --summarize first")
     schedule, chosen = choose(table, grid, schedules)
-    return {"table": table, "schedule": schedule, "chosen": chosen}
+    return {"table": table, "schedule": schedule, "chosen": chosen,
+            "eval_stderr_max": max(stderrs) if stderrs else None}
 
 
 def write(output: Path, args, result: dict, command: str) -> None:
     names = [setting(lr, s) for s in args.schedules for lr in args.grid]
     report = {"command": command, "preset": args.preset, "seed": args.seed, "grid": [f"{lr:g}" for lr in args.grid],
+              "settings": args.set,
               "schedules": args.schedules, "min_lr_ratio": args.min_lr_ratio,
               "rule": "schedule: constant unless a decaying one raises every method's best score; learning rate: "
                       "highest mean sampled accuracy over the evaluations after step 0", **result}
@@ -103,14 +108,17 @@ def write(output: Path, args, result: dict, command: str) -> None:
     decay = [s for s in args.schedules if s != "constant"]
     lines = [f"# Learning-rate tuning on {args.preset}, seed {args.seed}", "",
              f"Command: `{command}`", "",
+             *([f"Every run with {', '.join(f'`{x}`' for x in args.set)} on top of the preset.", ""] if args.set
+               else []),
              "Rules: a run's score is its mean held-out sampled accuracy over its evaluations after step 0 (final "
              "accuracy in brackets). "
              + (f"Decaying schedules ({', '.join(decay)}, to {args.min_lr_ratio:g} of the peak at the last step) "
                 "replace the constant learning rate only if, for every method, their best learning rate scores "
                 f"higher than the constant one's best. Schedule chosen: **{result['schedule']}**. " if decay else "")
              + "Each method then takes its highest-scoring learning rate under that schedule (in **bold**). One "
-             "seed: an evaluation point's standard error is about 0.017 (problems as the unit), and a run's points "
-             "share their problems, so differences in the mean under about 0.02 are within noise.", "",
+             + (f"seed: an evaluation point's standard error is at most {se:.3f} (problems as the unit), and a run's "
+                "points share their problems, so differences in the mean under about that are within noise."
+                if (se := result.get("eval_stderr_max")) is not None else "seed."), "",
              "| method | " + " | ".join(f"lr {n}: mean acc. (final)" for n in names) + " | chosen |",
              "|---|" + "---|" * (len(names) + 1)]
     for m, rows in result["table"].items():
@@ -134,6 +142,9 @@ def main() -> int:
     parser.add_argument("--min-lr-ratio", type=float, default=0.1,
                         help="where a decaying schedule ends, as a fraction of the peak (default 0.1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="settings for every run of the grid on top of the preset's (a shorter tuning run: "
+                             "max_steps=30 eval_steps=10)")
     parser.add_argument("--summarize", action="store_true")
     args = parser.parse_args()
     if "constant" not in args.schedules:
@@ -150,7 +161,7 @@ def main() -> int:
                 out = lr_dir(args.output, lr, schedule)
                 cmd = [sys.executable, "-m", "dppo_core.tools.cli", "bench", "--preset", args.preset, "--seeds",
                        str(args.seed), "--methods", *args.methods, "--output-dir", str(out), "--resume",
-                       f"learning_rate={lr:g}", *decay]
+                       *args.set, f"learning_rate={lr:g}", *decay]
                 print("$ " + shlex.join(cmd), flush=True)
                 subprocess.run(cmd, check=True, env=os.environ.copy())
     write(args.output, args, collect(args.output, args.grid, args.methods, args.schedules), command)
