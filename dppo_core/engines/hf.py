@@ -11,6 +11,7 @@ from typing import Any, Literal, cast
 
 import torch
 
+from dppo_core.engines.prompt_rows import copy_rows, distinct_rows, prefix_padded, shared_prefix_length
 from dppo_core.engines.types import (
     Completion,
     Prompt,
@@ -135,9 +136,14 @@ class HFRollout:
 
     - ``"compact"`` (default): our own loop over the model's forward with a KV cache. Each distinct prompt
       of a chunk is computed once and its keys, values and first logits are copied to its G sequences (a
-      GRPO chunk holds every prompt G times). A sequence that generates a stop token leaves the batch at once
-      (its rows of the KV cache are dropped), so every decode step computes only the sequences still running
-      and a rollout costs what its tokens cost, not ``batch x (prompt + longest completion)``.
+      GRPO chunk holds every prompt G times). With ``share_prefix`` (default), the tokens all of a chunk's
+      distinct prompts start with (a chat template's system message, solved examples; at least
+      :data:`~dppo_core.engines.prompt_rows.MIN_SHARED_PREFIX`) are computed once for the chunk, then each
+      prompt's own tokens after them: SmolLM2's few-shot prompt shares 72 of its 93 tokens, so an
+      evaluation computes about a fifth of the prompt tokens. A sequence that generates a stop token leaves
+      the batch at once (its rows of the KV cache are dropped), so every decode step computes only the
+      sequences still running and a rollout costs what its tokens cost, not ``batch x (prompt + longest
+      completion)``.
     - ``"generate"``: transformers ``generate``, which decodes the whole batch until its longest completion
       ends (finished rows keep being computed and padded). Kept as the reference the compact loop is
       tested against.
@@ -149,7 +155,8 @@ class HFRollout:
     still running. Conditions (tested on CPU in fp32, on Qwen3 and GPT-2 architectures, with and without
     PEFT):
 
-    - The probabilities are computed on smaller batches (the distinct prompts, then the running sequences).
+    - The probabilities are computed on smaller batches (the shared prefix, the distinct prompts, then the
+      running sequences).
       Where the kernels round a row differently at another batch size (more likely in bf16 and on a GPU), a
       near tie can flip a token; the log-probs are those of the tokens actually sampled either way.
     - The sampling distribution is ``softmax(logits / T)`` cut to the top-p nucleus, nothing else, as in
@@ -180,13 +187,16 @@ class HFRollout:
         decode: ``"compact"`` or ``"generate"`` (above).
         lean: let the compact loop use the lean decode step where the model allows it (above); ``False``
             always calls the model's forward.
+        share_prefix: let the compact loop compute the prefix a chunk's prompts share once (above);
+            ``False`` computes every distinct prompt whole.
     """
 
     name = "hf"
     DECODE_LOOPS = ("compact", "generate")
 
     def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 256,
-                 decode: Literal["compact", "generate"] = "compact", lean: bool = True):
+                 decode: Literal["compact", "generate"] = "compact", lean: bool = True,
+                 share_prefix: bool = True):
         if decode not in self.DECODE_LOOPS:
             raise ValueError(f"decode must be one of {self.DECODE_LOOPS}, got {decode!r}")
         if batch_size < 1:
@@ -196,6 +206,7 @@ class HFRollout:
         self.batch_size = batch_size
         self.decode = decode
         self.lean = lean
+        self.share_prefix = share_prefix
         self.stop_ids = stop_ids(model, tokenizer)
         if decode == "compact" and (extra := _generation_config_processors(model)):
             warnings.warn(f"the model's generation_config asks for {', '.join(extra)}, which HFRollout's "
@@ -272,10 +283,7 @@ class HFRollout:
         cache = DynamicCache(config=getattr(self.model, "config", None))
         if not self._rows_can_leave(cache):
             return self._generate_chunk(prompt_ids, sampling, device, pad_id)
-        input_ids, attention_mask = (t.to(device) for t in self._left_padded(prompt_ids, pad_id))
-        n = input_ids.shape[0]
-        # position of each prompt token, counted from its first real token (pads get 0, as generate does)
-        positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+        n = len(prompt_ids)
         # what the forward takes: logits of the last position only (generate asks for that too), position ids
         takes = _forward_parameters(self.model)
         last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
@@ -287,18 +295,15 @@ class HFRollout:
         rows = torch.arange(n, device=device)  # chunk row of each sequence still running
         tokens: list[torch.Tensor] = []  # per step, (n,) sampled token of every chunk row (pad once finished)
         logps: list[torch.Tensor] = []  # per step, (n,) its log-prob under the sampling distribution
-        # the prompt once per distinct prompt: a group's G sequences share it, so its keys, values and first
-        # logits are computed once and copied to each of them (the same rows of the same padded batch)
-        first, copies = (t.to(device) for t in _distinct_rows(prompt_ids))
-        out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first],
-                         **pos(positions[first]), past_key_values=cache, use_cache=True, **last_only)
-        logits = _copy_rows(out.logits[:, -1], cache, copies)
+        # a shared prefix only where the forward takes positions (the rest of each prompt sits after padding)
+        share = self.share_prefix and "position_ids" in takes
+        attention_mask, positions, logits = self._prefill(prompt_ids, cache, device, pad_id, pos, last_only,
+                                                          share)
         # the decode steps: the lean step where it reproduces the model's forward exactly, else the forward
         lean = self._lean_decoder() if self.lean else None
         if lean is not None:
             lean.start(cache, attention_mask, sampling.max_tokens)
-            # the buffers hold the prompt's keys and values now (out.past_key_values is the cache)
-            del cache, out
+            del cache  # the buffers hold the prompt's keys and values now
         for _ in range(sampling.max_tokens):
             # (running,) each
             nxt, lp = _draw(logits.to(device=device, dtype=torch.float32), sampling, rows, n)
@@ -331,6 +336,29 @@ class HFRollout:
         new = torch.stack(tokens, dim=1).cpu()  # (n, steps)
         logprobs = torch.stack(logps, dim=1).cpu()
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
+
+    def _prefill(self, prompt_ids: list[list[int]], cache: Any, device, pad_id: int, pos, last_only: dict,
+                 share: bool):
+        """The chunk's prompts into ``cache``, one row per sequence: every row's attention mask and positions
+        (the layout its decode steps continue) and the logits of its first token; ``share``: a prefix all the
+        prompts start with is computed once."""
+        # the prompt once per distinct prompt: a group's G sequences share it, so its keys, values and first
+        # logits are computed once and copied to each of them (the same rows of the same padded batch)
+        first, copies = (t.to(device) for t in distinct_rows(prompt_ids))
+        shared = shared_prefix_length([prompt_ids[i] for i in first.tolist()]) if share else 0
+        # left-padded rows; with a shared prefix [shared prefix | left padding | the rest of the prompt]
+        layout = (prefix_padded(prompt_ids, shared, pad_id) if shared
+                  else self._left_padded(prompt_ids, pad_id))
+        input_ids, attention_mask = (t.to(device) for t in layout)
+        # position of each prompt token, counted from its first real token (pads get 0, as generate does)
+        positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+        if shared:  # the tokens every distinct prompt starts with, once for the chunk
+            self.model(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
+                       **pos(positions[:1, :shared]), past_key_values=cache, use_cache=True, **last_only)
+            cache.batch_repeat_interleave(len(first))
+        out = self.model(input_ids=input_ids[first, shared:], attention_mask=attention_mask[first],
+                         **pos(positions[first, shared:]), past_key_values=cache, use_cache=True, **last_only)
+        return attention_mask, positions, copy_rows(out.logits[:, -1], cache, copies)
 
     def _rows_can_leave(self, cache: Any) -> bool:
         """Whether rows can be dropped from ``cache``; warns once when not (decoding then falls back to
@@ -375,15 +403,6 @@ class HFRollout:
         return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(new.shape[0])]
 
 
-def _copy_rows(logits: torch.Tensor, cache: Any, copies: torch.Tensor) -> torch.Tensor:
-    """The distinct prompts' last logits and cache rows, copied to every sequence (``copies``: each one's
-    prompt)."""
-    if len(copies) > logits.shape[0]:
-        cache.batch_select_indices(copies)
-        logits = logits[copies]
-    return logits
-
-
 def _draw(scores: torch.Tensor, sampling: SamplingConfig, rows: torch.Tensor,
           n: int) -> tuple[torch.Tensor, ...]:
     """Each running sequence's next token from its float32 logits ``scores`` (running, vocab), and its
@@ -398,21 +417,6 @@ def _draw(scores: torch.Tensor, sampling: SamplingConfig, rows: torch.Tensor,
         noise = torch.empty((n, probs.shape[-1]), dtype=probs.dtype, device=scores.device).exponential_(1)
         nxt = (probs / noise[rows]).argmax(-1)
     return nxt, torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
-
-
-def _distinct_rows(prompt_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(first, copies)``: the first row of each distinct prompt, and for every row the index in ``first`` of
-    its prompt, so ``x[first][copies]`` is ``x`` for anything computed from the prompt alone."""
-    index: dict[tuple[int, ...], int] = {}
-    first: list[int] = []
-    copies: list[int] = []
-    for row, ids in enumerate(prompt_ids):
-        key = tuple(ids)
-        if key not in index:
-            index[key] = len(first)
-            first.append(row)
-        copies.append(index[key])
-    return torch.tensor(first, dtype=torch.long), torch.tensor(copies, dtype=torch.long)
 
 
 def _forward_parameters(model: torch.nn.Module) -> frozenset[str]:

@@ -321,6 +321,66 @@ def test_compact_loop_on_a_peft_model(warm_small_model_dir, mixed_prompts):
     assert logprob_mismatch(model, compact).max_abs < 1e-4
 
 
+def _with_shared_prefix(prompts: list) -> list:
+    """``prompts`` after a long system message and one solved example: what a few-shot prompt (the smollm2
+    presets') looks like, a shared prefix far longer than MIN_SHARED_PREFIX."""
+    shot = ArithmeticTask().train(3)[0]
+    head = [{"role": "system", "content": "You are a careful calculator. Add, subtract and multiply exactly, "
+                                          "then box the answer."},
+            {"role": "user", "content": shot.prompt}, {"role": "assistant", "content": shot.solution("equation")}]
+    return [head + list(p) for p in prompts]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "forward"])
+def test_a_prefix_all_prompts_share_is_computed_once(warm_model, mixed_prompts, lean):
+    """Prompts that start alike (a system message, solved examples): the compact loop computes the shared
+    tokens once for the chunk and each prompt's own tokens after them, and still gives generate's samples."""
+    from dppo_core.engines.prompt_rows import MIN_SHARED_PREFIX, shared_prefix_length
+    from dppo_core.models import encode_prompt
+
+    model, tok = warm_model
+    prompts = _with_shared_prefix(mixed_prompts)
+    shared = shared_prefix_length([encode_prompt(tok, p) for p in prompts])
+    assert shared >= MIN_SHARED_PREFIX
+    sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=5)
+    prefill: list[int] = []
+    rows, handle = _decode_rows(model, prefill)
+    try:
+        compact = HFRollout(model, tok, batch_size=7, lean=lean).generate(prompts, G, sampling)
+    finally:
+        handle.remove()
+    reference = HFRollout(model, tok, batch_size=7, decode="generate").generate(prompts, G, sampling)
+    finishes = {c.finish_reason for g in compact.groups for c in g.completions}
+    assert len({n for g in compact.lengths() for n in g}) >= 3 and finishes == {"stop", "length"}
+    assert _ids(compact) == _ids(reference)
+    for gc, gr in zip(compact.groups, reference.groups, strict=True):
+        for c, r in zip(gc.completions, gr.completions, strict=True):
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
+    # per chunk of 7 sequences: one row for the shared prefix, then one per distinct prompt of the chunk
+    chunks = [list(range(len(prompts) * G))[i:i + 7] for i in range(0, len(prompts) * G, 7)]
+    distinct = [len({j // G for j in chunk}) for chunk in chunks]
+    assert prefill == [n for d in distinct for n in ((1, d) if d > 1 else (d,))]
+    unshared = HFRollout(model, tok, batch_size=7, lean=lean, share_prefix=False).generate(prompts, G, sampling)
+    assert _ids(unshared) == _ids(compact)
+
+
+def test_the_shared_prefix_layout_keeps_every_prompt_token_at_its_position(monkeypatch):
+    import dppo_core.engines.prompt_rows as rows
+
+    monkeypatch.setattr(rows, "MIN_SHARED_PREFIX", 2)
+    assert rows.shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert rows.shared_prefix_length([[1, 2, 3], [1, 2, 3, 5]]) == 2  # each prompt keeps a token of its own
+    assert rows.shared_prefix_length([[1, 2, 3], [9, 2, 3]]) == 0 and rows.shared_prefix_length([[1, 2, 3]]) == 0
+    monkeypatch.setattr(rows, "MIN_SHARED_PREFIX", 4)
+    assert rows.shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 0  # too short to be worth a forward
+    ids, mask = rows.prefix_padded([[1, 2, 3, 4], [1, 2, 3, 5, 6]], 3, pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 0, 4], [1, 2, 3, 5, 6]]
+    assert mask.tolist() == [[1, 1, 1, 0, 1], [1, 1, 1, 1, 1]]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    assert positions[mask.bool()].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4]
+
+
 def test_hf_rollout_refuses_bad_settings(model_and_tokenizer):
     model, tok = model_and_tokenizer
     with pytest.raises(ValueError, match="decode must be one of"):
