@@ -9,7 +9,7 @@ Made with (from the repository root, one thread; a few minutes on 2 CPU cores):
 
 ``--preset smollm2-grpo`` measures that training preset's model (SmolLM2-135M-Instruct, ``dppo build --model
 smollm2-135m``) with the prompt it trains on (its ``few_shot`` solved example, drawn from levels 1-6 as a pool of
-all six levels draws it), its G, temperature and completion length (the smollm2-realistic pool; about 20 minutes
+all six levels draws it), its G, temperature and completion length (the smollm2-realistic pool; about 17 minutes
 on 2 cores with ``--prompts 128``):
 
     .venv/bin/python benchmarks/level_success.py --preset smollm2-grpo --prompts 128 \\
@@ -175,6 +175,11 @@ def main() -> None:
     if args.weights_from:
         out = json.loads(args.weights_from.read_text())
         per_level = {int(k): v for k, v in out["levels"].items()}
+        if not {1, 6, *MIDDLE} <= set(per_level):
+            parser.error(f"--weights-from {args.weights_from}: the rule needs levels 1-6 measured, the file has "
+                         f"{sorted(per_level)}")
+        out["target"] = {"all_correct": args.target_correct, "all_wrong": args.target_wrong,
+                         "mixed": round(1 - args.target_correct - args.target_wrong, 6)}
         out["weights"] = pool_weights(per_level, args.target_correct, args.target_wrong)
         print(json.dumps(out["weights"], indent=1))
         args.output.write_text(json.dumps(out, indent=1) + "\n")
@@ -184,8 +189,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     render, model_name = list, "shipped warm start (dppo_core.warm_start.warm_start())"
     if args.preset:
-        # the example is drawn from the pool's levels (dppo_core.data.few_shot_turns): all of those measured
-        config = preset(args.preset).with_overrides({"train_levels": list(args.levels)})
+        # the example is drawn from the pool's levels (dppo_core.data.few_shot_turns): a pool lists all six (a
+        # level it does not want at weight 0), so the example is the same whichever levels are measured here
+        config = preset(args.preset).with_overrides({"train_levels": list(ALL_LEVELS)})
         path, render = resolve_model_path(config), prompt_renderer(config)
         model_name = f"{config.model} (preset {args.preset}, few_shot {config.few_shot})"
         defaults = (config.num_generations, config.temperature, config.max_completion_length)

@@ -19,6 +19,12 @@ adapter (the trainer's sync folds LoRA into the base weights when the engine ser
 rollout (8 training prompts x 8 completions, T = 1, the preset's prompt and length) by vLLM on the base
 weights and by the transformers engine on the PEFT policy, three timed calls each after a warm-up, and the
 time to push the folded weights into vLLM.
+
+``--prefix`` measures instead (and adds to ``OUT/engines.json``) what computing the prompts' shared prefix once
+saves (``HFRollout(share_prefix=...)``): one ``smollm2-realistic`` evaluation (181 held-out problems of levels
+1-5, greedy and one sample at T = 1, :func:`dppo_core.evaluate.evaluate_policy`) and one step's rollout (8
+training prompts x 8 completions), each timed with and without, alternating, three times, in one process per
+thread count; with the accuracies each gave (the same samples either way, up to a near tie).
 """
 
 from __future__ import annotations
@@ -86,23 +92,81 @@ def _folded(threads: int) -> dict:
     return out
 
 
+def _prefix(threads: int) -> dict:
+    """In this process: an evaluation and a step's rollout with and without the shared prefix."""
+    import random
+
+    import torch
+
+    from dppo_core.data import prompt_renderer
+    from dppo_core.engines.hf import HFRollout
+    from dppo_core.engines.types import SamplingConfig
+    from dppo_core.evaluate import evaluate_policy
+    from dppo_core.policy import load_policy, resolve_model_path
+    from dppo_core.tasks import ArithmeticTask
+    from dppo_core.tools.bench.presets import bench_preset, method_config
+
+    torch.set_num_threads(threads)
+    config = method_config(bench_preset("smollm2-realistic"), "grpo_skip", 0, tempfile.gettempdir())
+    policy, tokenizer = load_policy(config, resolve_model_path(config), torch.device("cpu"))
+    render = prompt_renderer(config)
+    problems = random.Random(0).sample(ArithmeticTask([3]).train(3), config.prompts_per_step)
+    prompts = [render(p.messages()) for p in problems]
+    sampling = SamplingConfig(max_tokens=config.max_completion_length, temperature=1.0, seed=1)
+    out: dict = {"cpu_threads": threads, "evaluation": {}, "rollout": {}}
+    for repeat in range(3):
+        for share in (True, False) if repeat % 2 == 0 else (False, True):
+            engine = HFRollout(policy, tokenizer, share_prefix=share)
+            t = time.perf_counter()
+            record = evaluate_policy(config, engine, step=0)
+            seconds = time.perf_counter() - t
+            out["evaluation"].setdefault(str(share), []).append(
+                {"seconds": seconds, "greedy": record["greedy_accuracy"], "sampled": record["sampled_accuracy"]})
+            t = time.perf_counter()
+            batch = engine.generate(prompts, config.num_generations, sampling)
+            out["rollout"].setdefault(str(share), []).append(
+                {"seconds": time.perf_counter() - t, "tokens": batch.num_generated_tokens})
+    for kind in ("evaluation", "rollout"):
+        out[f"{kind}_median_s"] = {share: statistics.median(r["seconds"] for r in runs)
+                                   for share, runs in out[kind].items()}
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, default=Path("benchmarks/results/smollm2"))
     parser.add_argument("--steps", type=int, default=3, help="steps per run (the first is not timed)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--folded", action="store_true", help="time vLLM on folded weights instead (above)")
-    parser.add_argument("--folded-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", action="store_true", help="time the shared prefix instead (above)")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.folded_worker:
+    if args.worker:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        print(json.dumps(_folded(args.folded_worker)))
+        kind, threads = args.worker
+        print(json.dumps((_folded if kind == "folded" else _prefix)(int(threads))))
         return 0
     out = args.out
+    if args.prefix:
+        runs = []
+        for threads in (1, 2):
+            proc = subprocess.run([sys.executable, __file__, "--worker", "prefix", str(threads)],
+                                  capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            if proc.returncode:
+                raise SystemExit(f"--prefix with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            ev, ro = runs[-1]["evaluation_median_s"], runs[-1]["rollout_median_s"]
+            print(f"{threads} thread(s): evaluation {ev['True']:.1f} s shared, {ev['False']:.1f} s whole; a step's "
+                  f"rollout {ro['True']:.1f} s / {ro['False']:.1f} s", flush=True)
+        report = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
+        report["prefix"] = {"command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "runs": runs}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+        return 0
     if args.folded:
         folded = []
         for threads in (1, 2):
-            proc = subprocess.run([sys.executable, __file__, "--folded-worker", str(threads)],
+            proc = subprocess.run([sys.executable, __file__, "--worker", "folded", str(threads)],
                                   capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
             if proc.returncode:
                 raise SystemExit(f"--folded with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
@@ -145,7 +209,10 @@ def main(argv: list[str]) -> int:
         print(f"| {row['engine']} | {row['cpu_threads']} | {row['median_time_rollout']:.1f} | "
               f"{row['median_time_sync']:.2f} | {row['median_tokens_per_s']:.0f} | {row['median_step_time']:.1f} |")
     load = os.getloadavg()
-    report = {"command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "cpu_count": os.cpu_count(),
+    # the --folded and --prefix sections of an earlier measurement are kept
+    earlier = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
+    report = {**{k: v for k, v in earlier.items() if k in ("folded", "prefix")},
+              "command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "cpu_count": os.cpu_count(),
               "steps_per_run": args.steps, "rounds": args.rounds, "load_average_after": [round(x, 2) for x in load],
               "settings": results}
     out.mkdir(parents=True, exist_ok=True)

@@ -154,7 +154,12 @@ def main() -> int:
     if args.summarize and previous.exists():  # keep the command that made the runs
         command = json.loads(previous.read_text())["command"]
     args.output.mkdir(parents=True, exist_ok=True)
+    recorded = args.output / "settings.json"  # the --set the grid's runs were made with
     if not args.summarize:
+        if recorded.is_file() and json.loads(recorded.read_text()) != args.set:
+            parser.error(f"{args.output} holds runs made with --set {' '.join(json.loads(recorded.read_text()))}; "
+                         "resume with the same settings or choose another --output")
+        recorded.write_text(json.dumps(args.set) + "\n")
         for schedule in args.schedules:
             decay = [] if schedule == "constant" else [f"lr_schedule={schedule}", f"min_lr_ratio={args.min_lr_ratio:g}"]
             for lr in args.grid:
@@ -164,6 +169,8 @@ def main() -> int:
                        *args.set, f"learning_rate={lr:g}", *decay]
                 print("$ " + shlex.join(cmd), flush=True)
                 subprocess.run(cmd, check=True, env=os.environ.copy())
+    if recorded.is_file():
+        args.set = json.loads(recorded.read_text())
     write(args.output, args, collect(args.output, args.grid, args.methods, args.schedules), command)
     return 0
 

@@ -350,7 +350,8 @@ class HFRollout:
         layout = (prefix_padded(prompt_ids, shared, pad_id) if shared
                   else self._left_padded(prompt_ids, pad_id))
         input_ids, attention_mask = (t.to(device) for t in layout)
-        # position of each prompt token, counted from its first real token (pads get 0, as generate does)
+        # position of each prompt token, counted from its first real token (left pads get 0, as generate does;
+        # the padding after a shared prefix is masked whatever its position)
         positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
         if shared:  # the tokens every distinct prompt starts with, once for the chunk
             self.model(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],

@@ -230,3 +230,22 @@ def test_the_committed_rollout_cost_model_is_computed_from_its_runs():
         assert model["s_per_token"] == pytest.approx(recomputed[engine]["s_per_token"], rel=1e-4)
         assert model["fixed_s_per_step_for_1_15"] == pytest.approx(recomputed[engine]["fixed_s_per_step_for_1_15"],
                                                                    rel=1e-3)
+
+
+def test_the_smollm2_pool_weights_are_the_rule_applied_to_the_committed_measurement():
+    """dppo_core/tools/bench/cpu_settings.py's SMOLLM2_REALISTIC_WEIGHTS are what benchmarks/level_success.py's rule
+    (its fallback: no level of SmolLM2 at T = 1 gives all-correct groups) makes of the committed distributions."""
+    import importlib.util
+
+    from dppo_core.tools.bench.cpu_settings import SMOLLM2_REALISTIC_LEVELS, SMOLLM2_REALISTIC_WEIGHTS
+
+    spec = importlib.util.spec_from_file_location("level_success", ROOT / "benchmarks" / "level_success.py")
+    level_success = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(level_success)
+    measured = json.loads((RESULTS / "smollm2-realistic" / "level_success.json").read_text())
+    per_level = {int(k): v for k, v in measured["levels"].items()}
+    out = level_success.pool_weights(per_level, 0.3, 0.2)
+    assert out["rule"] == "fallback: all-equal share" and not level_success.feasible(out["exact"])
+    assert out["levels"] == list(SMOLLM2_REALISTIC_LEVELS)
+    assert out["level_weights"] == pytest.approx(list(SMOLLM2_REALISTIC_WEIGHTS), abs=1e-4)
+    assert measured["weights"]["level_weights"] == out["level_weights"]

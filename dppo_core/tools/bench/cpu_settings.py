@@ -126,7 +126,8 @@ def persistence_steps(share: float) -> int:
 #: distributions measured by ``benchmarks/level_success.py --preset smollm2-grpo`` (128 training prompts per
 #: level; all 79 of level 1). Written before the comparison ran, and the fallback before levels 2-6 were
 #: measured in full (a first look at 32 prompts of levels 1, 3 and 6, then all of level 1, had found 1 prompt
-#: of 79 solved 8 times out of 8):
+#: of 79 solved 8 times out of 8; one commit holds the rule and the measurement, so that order rests on the
+#: results README):
 #:
 #: - **Target**: cpu-realistic's (30% all correct, 20% all wrong, 50% mixed at step 0), by its rule where the
 #:   model can reach it.

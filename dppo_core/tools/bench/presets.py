@@ -200,6 +200,8 @@ def persistence_preset(share: float) -> BenchPreset:
 #: levels 1-5 (40 of each; level 1 has 21: 181 problems), greedy and one sample at T = 1 (a point's standard
 #: error 0.026 greedy and 0.028 sampled at step 0). The prompt's 93 tokens share 72 (template, example),
 #: computed once per chunk (:mod:`dppo_core.engines.prompt_rows`); evaluation time is not training time.
+#: DPPO's prompt scheme is cpu-realistic's ``fitted``, chosen on the tiny model's pool and not chosen again
+#: here.
 SMOLLM2_REALISTIC_SETTING: dict[str, Any] = {
     "train_levels": list(SMOLLM2_REALISTIC_LEVELS), "level_weights": list(SMOLLM2_REALISTIC_WEIGHTS),
     "train_pool_size": 256, "max_steps": 60, "eval_steps": 5, "eval_levels": [1, 2, 3, 4, 5],
