@@ -132,6 +132,39 @@ def _prefix(threads: int) -> dict:
     return out
 
 
+def _describe(kind: str, row: dict) -> str:
+    if kind == "prefix":
+        ev, ro = row["evaluation_median_s"], row["rollout_median_s"]
+        return (f"evaluation {ev['True']:.1f} s shared, {ev['False']:.1f} s whole; a step's rollout "
+                f"{ro['True']:.1f} s / {ro['False']:.1f} s")
+    return (f"a step's rollout: transformers (PEFT policy) {row['hf']['median_seconds']:.1f} s, vLLM on the base "
+            f"weights {row['vllm_base']['median_seconds']:.1f} s; folded sync {row['vllm_folded_sync_seconds']:.2f} s")
+
+
+def _command(argv: list[str]) -> str:
+    """The command as run, with paths under the working directory written relative to it."""
+    cwd = Path.cwd().resolve()
+    words = [str(Path(a).resolve().relative_to(cwd)) if Path(a).is_absolute() and Path(a).resolve().is_relative_to(cwd)
+             else a for a in argv]
+    return "python benchmarks/smollm2_engines.py " + " ".join(words)
+
+
+def _side_measurement(kind: str, out: Path, argv: list[str]) -> None:
+    """``--folded`` or ``--prefix``: its worker in a fresh process per thread count, added to OUT/engines.json."""
+    runs = []
+    for threads in (1, 2):
+        proc = subprocess.run([sys.executable, __file__, "--worker", kind, str(threads)], capture_output=True,
+                              text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        if proc.returncode:
+            raise SystemExit(f"--{kind} with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{threads} thread(s): {_describe(kind, runs[-1])}", flush=True)
+    report = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
+    report[kind] = {"command": _command(argv), "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, default=Path("benchmarks/results/smollm2"))
@@ -147,40 +180,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps((_folded if kind == "folded" else _prefix)(int(threads))))
         return 0
     out = args.out
-    if args.prefix:
-        runs = []
-        for threads in (1, 2):
-            proc = subprocess.run([sys.executable, __file__, "--worker", "prefix", str(threads)],
-                                  capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-            if proc.returncode:
-                raise SystemExit(f"--prefix with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
-            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            ev, ro = runs[-1]["evaluation_median_s"], runs[-1]["rollout_median_s"]
-            print(f"{threads} thread(s): evaluation {ev['True']:.1f} s shared, {ev['False']:.1f} s whole; a step's "
-                  f"rollout {ro['True']:.1f} s / {ro['False']:.1f} s", flush=True)
-        report = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
-        report["prefix"] = {"command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "runs": runs}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
-        return 0
-    if args.folded:
-        folded = []
-        for threads in (1, 2):
-            proc = subprocess.run([sys.executable, __file__, "--worker", "folded", str(threads)],
-                                  capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-            if proc.returncode:
-                raise SystemExit(f"--folded with {threads} thread(s) failed:\n{proc.stderr[-3000:]}")
-            folded.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            row = folded[-1]
-            print(f"{threads} thread(s): a step's rollout: transformers (PEFT policy) "
-                  f"{row['hf']['median_seconds']:.1f} s, vLLM on the base weights "
-                  f"{row['vllm_base']['median_seconds']:.1f} s; folded sync "
-                  f"{row['vllm_folded_sync_seconds']:.2f} s",
-                  flush=True)
-        report = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
-        report["folded"] = {"command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "runs": folded}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.prefix or args.folded:
+        _side_measurement("prefix" if args.prefix else "folded", out, argv)
         return 0
     steps: dict[tuple[str, int], list[dict]] = {s: [] for s in SETTINGS}
     walls: dict[tuple[str, int], list[float]] = {s: [] for s in SETTINGS}
@@ -212,7 +213,7 @@ def main(argv: list[str]) -> int:
     # the --folded and --prefix sections of an earlier measurement are kept
     earlier = json.loads((out / "engines.json").read_text()) if (out / "engines.json").is_file() else {}
     report = {**{k: v for k, v in earlier.items() if k in ("folded", "prefix")},
-              "command": "python benchmarks/smollm2_engines.py " + " ".join(argv), "cpu_count": os.cpu_count(),
+              "command": _command(argv), "cpu_count": os.cpu_count(),
               "steps_per_run": args.steps, "rounds": args.rounds, "load_average_after": [round(x, 2) for x in load],
               "settings": results}
     out.mkdir(parents=True, exist_ok=True)
