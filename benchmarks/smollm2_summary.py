@@ -4,7 +4,8 @@
 
 Reads OUT/<method>/{eval.jsonl, metrics.jsonl}, OUT/<method>.wall_s (the run's wall-clock seconds, evaluations
 included, written by the run script) and, for a run continued with --resume, OUT/<method>.continued_wall_s; writes
-OUT/summary.json and the table between the markers of OUT/README.md (printed too). Gains are read at the common
+OUT/summary.json (each curve point with the minutes of training steps to it, ``curve_train_minutes``) and the
+table between the markers of OUT/README.md (printed too). Gains are read at the common
 step (the last step every method ran: both presets' max_steps) and at each run's last step. The standard error of a
 gain is over the held-out problems, sqrt(se_before^2 + se_after^2): the two evaluations are of the same problems, so
 this is conservative.
@@ -39,6 +40,9 @@ def summarise(out: Path) -> dict:
             "continued_wall_minutes": float(more.read_text()) / 60 if more.is_file() else None,
             "train_minutes": sum(r["step_time"] for r in steps) / 60,
             "curve": [(r["step"], r["greedy_accuracy"], r["greedy_stderr"], r["sampled_accuracy"]) for r in evals],
+            # the minutes of training steps (evaluations not counted) at each point of the curve
+            "curve_train_minutes": [sum(s["step_time"] for s in steps if s["step"] <= r["step"]) / 60
+                                    for r in evals],
             "greedy_gain": last["greedy_accuracy"] - first["greedy_accuracy"],
             "greedy_gain_se": math.hypot(first["greedy_stderr"], last["greedy_stderr"]),
             "sampled_gain": last["sampled_accuracy"] - first["sampled_accuracy"],

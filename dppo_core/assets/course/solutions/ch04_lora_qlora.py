@@ -1,8 +1,9 @@
 """Chapter 04 exercises, solved and checked: LoRA's gradients at initialisation, the memory of Qwen3-32B,
-merging an adapter into the weights.
+merging an adapter into the weights, what the strong GRPO baseline trains of a real model's run.
 
-Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py   (seconds: the small model, and Qwen3 shapes
-built on the meta device, which allocates no memory; tests/course/test_solutions.py runs it too)
+Run: python dppo_core/assets/course/solutions/ch04_lora_qlora.py
+(seconds: the small model, Qwen3 shapes built on the meta device, which allocates no memory, and the committed
+SmolLM2 run's logs; tests/course/test_solutions.py runs it too)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ HINTS: dict[int, str] = {
         "gradients and Adam, and NF4 is for linear layers only."),
     3: ("Add scale times B @ A (in that order, so that it has the shape of W) to W: without the alpha / r "
         "scale the merged model's log-probs move."),
+    4: ("Every completion's length counts in the first total; in the second only those of groups with at "
+        "least two different rewards."),
 }
 
 # The tests' small model (tests/conftest.py): built in about a second, cached like the default one.
@@ -205,10 +208,52 @@ def exercise_3(merged_weight=merged_weight) -> None:
     print(f"merged == adapter log-probs (max |diff| {diff:.1e}); the adapter moved them by up to {moved:.2f}")
 
 
+# --------------------------------------------------------------------------------------------------
+# Exercise 4: what grpo_skip trains of a real model's run
+# --------------------------------------------------------------------------------------------------
+
+
+def mixed_tokens(rows: list[dict]) -> tuple[int, int]:
+    """Rows of a run's ``groups.jsonl`` (each step's groups: ``rewards`` and ``lengths``, one list per
+    group) -> (tokens generated, tokens in the groups whose rewards are not all equal)."""
+    generated = mixed = 0
+    for row in rows:
+        for rewards, lengths in zip(row["rewards"], row["lengths"], strict=True):
+            generated += sum(lengths)
+            if len(set(rewards)) > 1:
+                mixed += sum(lengths)
+    return generated, mixed
+
+
+def exercise_4(mixed_tokens=mixed_tokens) -> None:
+    import json
+
+    from dppo_core.tools.bench.report import committed_result
+
+    # two steps by hand: all right, all wrong, mixed; a partial reward; a one-completion group
+    rows = [{"rewards": [[1, 1], [0, 0], [1, 0]], "lengths": [[5, 6], [7, 8], [9, 10]]},
+            {"rewards": [[0.5, 0.5, 0.0], [1]], "lengths": [[1, 2, 3], [4]]}]
+    assert mixed_tokens(rows) == (55, 25), mixed_tokens(rows)
+    assert mixed_tokens([]) == (0, 0)
+    # The committed GRPO run on SmolLM2 (benchmarks/results/smollm2): every token it generated was trained,
+    # and its groups' tokens add up to the run's own count of them (its metrics, summed in summary.json).
+    text = committed_result("benchmarks/results/smollm2/grpo/groups.jsonl")
+    groups = [json.loads(line) for line in text.splitlines() if line.strip()]
+    run = json.loads(committed_result("benchmarks/results/smollm2/summary.json"))["grpo"]
+    generated, mixed = mixed_tokens(groups)
+    assert generated == run["tokens_generated"] == run["tokens_trained"], (generated, run["tokens_generated"])
+    assert (generated, mixed) == globals()["mixed_tokens"](groups)   # the solution above, on the real run
+    # Why the strong baseline trains only these: with beta = 0, every completion of an all-equal group has
+    # advantage 0, so its loss and its gradient are exactly 0; GRPO computes them and adds nothing.
+    print(f"GRPO trained {generated:,} tokens; {mixed:,} ({mixed / generated:.0%}) were in mixed groups, all "
+          "that grpo_skip trains for the same gradient")
+
+
 def main() -> None:
     exercise_1()
     exercise_2()
     exercise_3()
+    exercise_4()
     print("chapter 04 solutions: all checks passed")
 
 
