@@ -8,10 +8,10 @@ Made with (from the repository root; about 50 minutes on 2 CPU cores for cpu-bas
         --methods grpo grpo_skip dppo_paper dppo --schedules constant cosine
 
 For each learning rate of ``--grid`` and schedule of ``--schedules`` it runs ``dppo bench --preset PRESET
---seeds SEED --methods ... learning_rate=LR METHOD.learning_rate=LR ...`` (plus ``lr_schedule=S min_lr_ratio=R``
-for a decaying schedule)
-into ``OUTPUT/lr-LR`` (``OUTPUT/lr-LR-S`` for a decaying one; ``--resume``: an interrupted grid continues where it
-stopped), then applies the rules below to every method and writes ``tuning.json`` and ``tuning.md``.
+--seeds SEED --methods ... learning_rate=LR METHOD.learning_rate=LR ...`` (plus ``lr_schedule=S
+min_lr_ratio=R`` for a decaying schedule) into ``OUTPUT/lr-LR`` (``OUTPUT/lr-LR-S`` for a decaying one;
+``--resume``: an interrupted grid continues where it stopped), then applies the rules below to every method
+and writes ``tuning.json`` and ``tuning.md``.
 
 The rules (the same for every method):
 
@@ -168,8 +168,8 @@ def main() -> int:
                 cmd = [sys.executable, "-m", "dppo_core.tools.cli", "bench", "--preset", args.preset, "--seeds",
                        str(args.seed), "--methods", *args.methods, "--output-dir", str(out), "--resume",
                        *args.set, f"learning_rate={lr:g}", *decay,
-                       # and for each method, after its own settings: a preset that holds tuned rates per
-                       # method (smollm2-realistic) is tuned again on the grid, not on those
+                       # and for each method, after its own settings: were a preset to hold tuned rates
+                       # per method, tuning it again would still try the grid, not those
                        *(f"{m}.learning_rate={lr:g}" for m in args.methods)]
                 print("$ " + shlex.join(cmd), flush=True)
                 subprocess.run(cmd, check=True, env=os.environ.copy())
