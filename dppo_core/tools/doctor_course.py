@@ -41,7 +41,8 @@ COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_gr
 COURSE_RESULTS = tuple(
     [f"benchmarks/results/{name}/bench.json" for name in ("cpu-baselines", "cpu-peers")]
     + ["benchmarks/results/packing/update_time.json", "benchmarks/results/rollout_throughput.json",
-       "benchmarks/results/smollm2/summary.json", "benchmarks/results/persistence-map/map.json",
+       "benchmarks/results/smollm2/summary.json", "benchmarks/results/smollm2/grpo/groups.jsonl",
+       "benchmarks/results/persistence-map/map.json",
        "benchmarks/results/persistence-map/persist-70-filter/point.json"]
     + [f"benchmarks/results/tiny-grpo/curves-kl-0.04/seed-{seed}/{log}.jsonl"
        for seed in (0, 1, 2) for log in ("eval", "metrics")])
