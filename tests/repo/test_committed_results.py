@@ -249,3 +249,24 @@ def test_the_smollm2_pool_weights_are_the_rule_applied_to_the_committed_measurem
     assert out["levels"] == list(SMOLLM2_REALISTIC_LEVELS)
     assert out["level_weights"] == pytest.approx(list(SMOLLM2_REALISTIC_WEIGHTS), abs=1e-4)
     assert measured["weights"]["level_weights"] == out["level_weights"]
+
+
+def test_the_smollm2_learning_rate_is_the_committed_tuning_choice():
+    """The smollm2-realistic preset runs every method at the rate benchmarks/tune_lr.py's rule picks from the
+    committed grid (benchmarks/results/smollm2-realistic/tuning), under the schedule the preset uses."""
+    import importlib.util
+
+    from dppo_core.tools.bench.presets import BENCH_PRESETS, SMOLLM2_REALISTIC_LEARNING_RATE
+
+    spec = importlib.util.spec_from_file_location("tune_lr", ROOT / "benchmarks" / "tune_lr.py")
+    tune_lr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_lr)
+    tuning = json.loads((RESULTS / "smollm2-realistic" / "tuning" / "tuning.json").read_text())
+    schedule, chosen = tune_lr.choose(tuning["table"], [float(lr) for lr in tuning["grid"]],
+                                     tuning["schedules"])
+    assert (schedule, chosen) == (tuning["schedule"], tuning["chosen"])
+    preset = BENCH_PRESETS["smollm2-realistic"]
+    assert sorted(chosen) == sorted(preset.methods)
+    assert {float(lr) for lr in chosen.values()} == {SMOLLM2_REALISTIC_LEARNING_RATE}
+    assert preset.overrides["learning_rate"] == SMOLLM2_REALISTIC_LEARNING_RATE and schedule == "constant"
+    assert not any("learning_rate" in o for o in preset.method_overrides.values())

@@ -193,6 +193,10 @@ def persistence_preset(share: float) -> BenchPreset:
                 "steps)")
 
 
+#: The learning rate of every smollm2-realistic method: what benchmarks/tune_lr.py's rule chose for each
+#: of them (grid 1e-4 to 8e-4, seed 0, 30 steps; benchmarks/results/smollm2-realistic/tuning/tuning.md).
+#: The smollm2-grpo preset's 2e-4 was set by hand on a level-3 pool.
+SMOLLM2_REALISTIC_LEARNING_RATE = 4e-4
 #: The smollm2-realistic bench's shared setting on top of the smollm2-grpo preset: the pool of
 #: :data:`~dppo_core.tools.bench.cpu_settings.SMOLLM2_REALISTIC_WEIGHTS`, 60 steps, no KL term (the preset's),
 #: two threads (the bench runs one run at a time: alone, two threads make a step 1.7x faster,
@@ -201,11 +205,12 @@ def persistence_preset(share: float) -> BenchPreset:
 #: error 0.026 greedy and 0.028 sampled at step 0). The prompt's 93 tokens share 72 (template, example),
 #: computed once per chunk (:mod:`dppo_core.engines.prompt_rows`); evaluation time is not training time.
 #: DPPO's prompt scheme is cpu-realistic's ``fitted``, chosen on the tiny model's pool and not chosen again
-#: here.
+#: here. The learning rate, :data:`SMOLLM2_REALISTIC_LEARNING_RATE`, is every method's choice on seed 0.
 SMOLLM2_REALISTIC_SETTING: dict[str, Any] = {
     "train_levels": list(SMOLLM2_REALISTIC_LEVELS), "level_weights": list(SMOLLM2_REALISTIC_WEIGHTS),
     "train_pool_size": 256, "max_steps": 60, "eval_steps": 5, "eval_levels": [1, 2, 3, 4, 5],
-    "eval_problems_per_level": 40, "eval_samples": 1, "save_steps": 0, "beta": 0.0, "cpu_threads": 2}
+    "eval_problems_per_level": 40, "eval_samples": 1, "save_steps": 0, "beta": 0.0, "cpu_threads": 2,
+    "learning_rate": SMOLLM2_REALISTIC_LEARNING_RATE}
 SMOLLM2_REALISTIC_RUNTIME = ("about 4 hours on 2 CPU cores (12 runs of about 20 minutes); --seeds 1 for a "
                              "first look")
 
