@@ -78,7 +78,7 @@ def greso_keep_probs(history: PromptHistory, prompt_ids: Sequence[str], rate: fl
         fresh = rec is not None and not (max_age is not None and step is not None
                                          and step - rec.step > max_age)
         # fresh: rec is not None
-        out.append(1 - rate if fresh and rec is not None and rec.degenerate else 1.0)
+        out.append(1 - rate if fresh and rec is not None and rec.all_equal else 1.0)
     return torch.tensor(out, dtype=torch.float64)
 
 

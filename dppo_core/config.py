@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from dppo_core import registry
 from dppo_core.config_checks import (
     ATTN_IMPLEMENTATIONS,
     COMPLETION_SCHEMES,
@@ -150,7 +151,7 @@ class DPPOConfig:
     prompts and completions, importance weights 1 / (pi_q p_qi), so the loss and its gradient at the step's
     parameters are unbiased for the full batch's; not the optimizer's update), or the BIASED baselines
     ``"cppo"`` (top-k completions by |A|, no weights), ``"greso"`` (skip prompts whose last group was
-    degenerate, no weights) and ``"pods"`` (keep the G - round(r_o*G) completions whose rewards vary most,
+    all equal, no weights) and ``"pods"`` (keep the G - round(r_o*G) completions whose rewards vary most,
     no weights, advantages over the kept ones)."""
     prompt_prune_rate: float = 0.0
     """r_q in [0, 1): how hard to prune prompts before rollout (``prompt_scheme`` says what it means). With
@@ -341,6 +342,14 @@ class DPPOConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first field that is invalid, and how to fix it."""
         check_fields(self)
+
+    @property
+    def plan(self) -> str:
+        """The rollout plan this config runs (:data:`dppo_core.registry.ROLLOUT_PLANS`): ``rollout_plan``,
+        with ``auto`` resolved (``pilot`` with a ``pilot_size``, else ``plain``). What a run builds from the
+        config (the estimator, the plan, the TRL and verl adapters' checks) reads this name, not
+        ``pilot_size``; only the pilot plan reads the count."""
+        return registry.plan_name(self.rollout_plan, self.pilot_size)
 
     # --- loading and overriding -------------------------------------------------------------------
     @classmethod

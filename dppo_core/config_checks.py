@@ -1,12 +1,12 @@
 """What a :class:`~dppo_core.config.DPPOConfig` may hold: the allowed values of its enumerated fields, the
 checks of every field, and :class:`ConfigError`, whose message names the field and how to fix it.
 
-The enumerations are defined here once (torch-free, so the config stays light); :mod:`dppo_core.grpo` and
-:mod:`dppo_core.pruning` check their arguments against the same tuples. All of these are importable from
-:mod:`dppo_core.config` too. :func:`check_fields` is what ``DPPOConfig.validate`` runs; it takes the config as
-``Any`` because this module sits below :mod:`dppo_core.config` (which imports it) and may not import it back.
-:func:`coerce_value` converts a YAML or command-line value to a field's type, for
-:meth:`~dppo_core.config.DPPOConfig.from_dict`.
+The enumerations are defined here once (torch-free, so the config stays light); :mod:`dppo_core.grpo`,
+:mod:`dppo_core.pruning` and :mod:`dppo_core.draws` check their arguments against the same tuples. All of
+these are importable from :mod:`dppo_core.config` too. :func:`check_fields` is what ``DPPOConfig.validate``
+runs; it takes the config as ``Any`` because this module sits below :mod:`dppo_core.config` (which imports
+it) and may not import it back. :func:`coerce_value` converts a YAML or command-line value to a field's type,
+for :meth:`~dppo_core.config.DPPOConfig.from_dict`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PROMPT_SCHEMES = registry.names(registry.PROMPT_SCHEMES)
 COMPLETION_SCHEMES = registry.names(registry.COMPLETION_SCHEMES)
 ROLLOUT_PLANS = ("auto", *registry.names(registry.ROLLOUT_PLANS))  # rollout_plan: dppo_core.plans
 CONTINUE_SCHEMES = ("constant", "posterior")  # continue_scheme: dppo_core.posterior.continue_probs
-FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.pruning.sample_keep
+FIXED_SIZE_DESIGNS = ("systematic", "sorted", "pivotal")  # fixed_size_design: dppo_core.draws.sample_keep
 LR_SCHEDULES = ("constant", "cosine", "linear")  # lr_schedule: dppo_core.config.learning_rate_at
 
 
@@ -88,7 +88,7 @@ def _check_plan(c: Any) -> None:
     """The rollout plan (dppo_core.registry.ROLLOUT_PLANS) and what it needs of the other fields."""
     need = _needs(c)
     need(c.rollout_plan in ROLLOUT_PLANS, "rollout_plan", f"choose one of {', '.join(ROLLOUT_PLANS)}")
-    plan = registry.plan_name(c.rollout_plan, c.pilot_size)
+    plan = c.plan
     need(c.pilot_size == 0 or plan == "pilot", "pilot_size",
          f"a pilot is the pilot rollout plan, not rollout_plan {c.rollout_plan!r}; set rollout_plan: auto "
          "(or pilot), or pilot_size: 0")

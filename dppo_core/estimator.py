@@ -139,14 +139,24 @@ class Estimator:
         """``weigh`` needs the completions' token counts (``lengths=``, shape (P, G)): no mode here."""
         return False
 
+    def drops_zero_advantage(self) -> bool:
+        """Whether ``weigh`` gives a completion with A = 0 keep probability 0, which is exact only where its
+        loss is 0 for every θ (no KL term): an adapter whose own loss has a KL term refuses it."""
+        return False
+
+    def group_size_read(self) -> int | None:
+        """The G a prompt scheme that reads pass counts predicts each prompt's next group with (it must be
+        the G rolled out), or None where the prompt stage reads no counts."""
+        return None
+
     @classmethod
     def from_config(cls, config: Any) -> Estimator:
-        """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names): each of this
-        estimator's settings is the config field of the same name (``group_size`` is ``num_generations``)."""
+        """Built from a :class:`~dppo_core.config.DPPOConfig` (or anything with its field names and its
+        ``plan``): each of this estimator's settings is the config field of the same name (``group_size`` is
+        ``num_generations``); :attr:`rollout_plan` is the config's ``plan``."""
         settings = [f.name for f in fields(cls) if f.init and f.name != "history"]
         est = cls(**{name: getattr(config, CONFIG_NAMES.get(name, name)) for name in settings})
-        est.rollout_plan = registry.plan_name(getattr(config, "rollout_plan", "auto"),
-                                              getattr(config, "pilot_size", 0))
+        est.rollout_plan = config.plan
         return est
 
     # --- before rollout ---------------------------------------------------------------------------
@@ -198,7 +208,7 @@ class PromptPruning(Estimator):
 
     prompt_prune_rate: float = 0.0
     fixed_size_sampling: bool = False  # a fixed-size design: the same π, a constant count kept
-    fixed_size_design: str = "systematic"  # which one (pruning.FIXED_SIZE_DESIGNS); sorted by π for prompts
+    fixed_size_design: str = "systematic"  # which one (config.FIXED_SIZE_DESIGNS); sorted by π for prompts
     dense_prompts: bool = False  # look ahead until ``size`` prompts are expected to be kept
     prompt_window_factor: int = 4  # at most this many times ``size`` candidates ahead
 
@@ -269,6 +279,12 @@ class DPPOEstimator(PromptPruning):
 
     def __post_init__(self) -> None:
         self.history.half_life = self.posterior_half_life
+
+    def drops_zero_advantage(self) -> bool:
+        return self.drop_zero_advantage and self.beta == 0
+
+    def group_size_read(self) -> int | None:
+        return self.group_size if "pass_counts" in registry.PROMPT_SCHEMES[self.prompt_scheme].reads else None
 
     def __setattr__(self, name: str, value: Any) -> None:
         # the history's evidence is discounted with this estimator's half-life, whichever history it is handed

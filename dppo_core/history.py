@@ -41,12 +41,18 @@ class PromptRecord:
     def equal_streak(self) -> int:
         """How many groups in a row, ending with the last, were all equal at the same reward (0 after a mixed
         one; a record from before streaks were kept counts its last group only)."""
-        return self.streak if self.streak is not None else int(self.degenerate)
+        return self.streak if self.streak is not None else int(self.all_equal)
+
+    @property
+    def all_equal(self) -> bool:
+        """All the group's rewards were equal (an all-equal group): it gave no learning signal (A = 0
+        everywhere)."""
+        return self.reward_std == 0.0
 
     @property
     def degenerate(self) -> bool:
-        """All G rewards were equal: the group gave no learning signal (A = 0 everywhere)."""
-        return self.reward_std == 0.0
+        """:attr:`all_equal`'s former name (the DPPO paper's word), kept so that old code runs."""
+        return self.all_equal
 
 
 @functools.lru_cache(maxsize=16)
@@ -109,7 +115,7 @@ class PromptHistory:
             s_prev, f_prev = (0.0, 0.0) if stale else self.evidence(pid, step)
             mean, std = float(r.mean()), float(r.std(unbiased=False))
             hits = r.numel() * min(1.0, max(0.0, mean))
-            same = prev is not None and not stale and prev.degenerate and prev.mean_reward == mean
+            same = prev is not None and not stale and prev.all_equal and prev.mean_reward == mean
             outside = prev.outside_unit_at if prev is not None and not stale else None
             if outside is None and out_of_range:
                 outside = int(step)
@@ -178,8 +184,13 @@ class PromptHistory:
         i, j = divmod(int(total.argmax()), grid.numel())
         return float(grid[i]), float(grid[j])
 
+    def all_equal_fraction(self) -> float:
+        """The share of the prompts seen whose last group was all equal."""
+        return sum(r.all_equal for r in self.records.values()) / max(1, len(self.records))
+
     def degenerate_fraction(self) -> float:
-        return sum(r.degenerate for r in self.records.values()) / max(1, len(self.records))
+        """:meth:`all_equal_fraction`'s former name, kept so that old code runs."""
+        return self.all_equal_fraction()
 
     def state_dict(self) -> dict[str, Any]:
         return {"records": {k: asdict(v) for k, v in self.records.items()}}

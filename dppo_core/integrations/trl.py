@@ -274,8 +274,7 @@ class DPPOGRPOTrainer(GRPOTrainer):
                              "multi_objective_aggregation='normalize_then_sum' compute advantages from the "
                              "rolled-out prompts only; use scale_rewards='group' or 'none' and "
                              "'sum_then_normalize'")
-        est_beta = getattr(self.estimator, "beta", None)
-        if getattr(self.estimator, "drop_zero_advantage", False) and est_beta == 0 and self.beta > 0:
+        if self.estimator.drops_zero_advantage() and self.beta > 0:
             raise ValueError(f"DPPOGRPOTrainer: the estimator has beta=0 and drops completions with A = 0, "
                              f"but TRL's beta={self.beta} gives them a KL term, so dropping them would bias "
                              f"the loss; build the estimator with beta={self.beta} (make_estimator(config) "

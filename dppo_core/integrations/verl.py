@@ -73,7 +73,6 @@ except ImportError as exc:  # verl is not a dependency of dppo_core
     raise ImportError("dppo_core.integrations.verl needs verl (tested with verl==0.9.1; "
                       "see examples/verl/)") from exc
 
-from dppo_core.config_checks import POSTERIOR_PROMPT_SCHEMES
 from dppo_core.estimator import Estimator, PromptPruning, Selection, Weighting
 from dppo_core.registry import ROLLOUT_PLANS
 
@@ -463,8 +462,7 @@ def check_config(config: Any, estimator: Estimator | None = None) -> int:
         problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator was installed with "
                         f"group_size={g}: every group of {n} completions would be dropped as failed (all "
                         f"advantages 0); set rollout.n={g} or install(estimator, group_size=rollout.n)")
-    reads_g = getattr(estimator, "prompt_scheme", "") in POSTERIOR_PROMPT_SCHEMES
-    posterior_g = getattr(estimator, "group_size", n) if reads_g else n
+    posterior_g = (estimator.group_size_read() if estimator is not None else None) or n
     if _prunes_prompts(estimator) and posterior_g != n:
         problems.append(f"actor_rollout_ref.rollout.n={n}, but the estimator's group_size={posterior_g}: its "
                         "posterior prompt scheme would score each prompt's next group as that many "

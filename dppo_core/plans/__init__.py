@@ -33,7 +33,7 @@ import torch
 from dppo_core.data import PromptSource
 from dppo_core.distributed import DistInfo, gather_groups, shard
 from dppo_core.estimator import Estimator, Selection
-from dppo_core.registry import ROLLOUT_PLANS, plan_name
+from dppo_core.registry import ROLLOUT_PLANS
 from dppo_core.rollout import RolloutBatch
 
 if TYPE_CHECKING:
@@ -186,6 +186,5 @@ def plan_class(name: str) -> type[RolloutPlan]:
 
 
 def make_plan(config: Any) -> RolloutPlan:
-    """The rollout plan of ``config`` (``rollout_plan``; ``auto``: ``pilot`` with a ``pilot_size``, else
-    plain)."""
-    return plan_class(plan_name(config.rollout_plan, config.pilot_size))(config)
+    """The rollout plan of ``config`` (its ``plan``: ``rollout_plan`` with ``auto`` resolved)."""
+    return plan_class(config.plan)(config)

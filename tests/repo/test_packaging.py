@@ -100,7 +100,7 @@ def test_the_architecture_page_names_every_module_and_its_public_surface_exists(
 #: a module's name under ``dppo_core`` (``engines`` and ``tools`` hold their submodules).
 LAYERS = [
     {"config", "config_checks", "config_files", "varlen", "distributed", "grading", "history", "grouplog",
-     "model_files", "numerics", "registry", "metrics"},
+     "model_files", "numerics", "registry", "metrics", "draws"},
     {"grpo", "pruning", "posterior", "biased_baselines", "packing", "shared_prefix", "rewards", "tasks",
      "benchmark_data", "models", "warm_start", "shapes", "pretrained"},
     {"estimator", "engines", "rollout"},

@@ -361,6 +361,8 @@ REFUSED = {
     "dense": ({}, DPPOEstimator(prompt_prune_rate=0.5, dense_prompts=True), r"dense_prompts"),
     # TRL generates a group in one call: the config's pilot (a rollout plan) cannot run there
     "pilot": ({}, make_estimator(DPPOConfig(pruning="dppo", pilot_size=2)), r"no pilot plan.*pilot_size 0"),
+    # the estimator drops A = 0 completions (its beta 0), but TRL's KL term gives them a loss
+    "kl": ({"beta": 0.04}, DPPOEstimator(completion_prune_rate=0.5), r"beta=0 and drops.*beta=0.04"),
 }
 
 

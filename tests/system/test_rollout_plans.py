@@ -93,11 +93,11 @@ def test_dynamic_sampling_trains_only_mixed_groups_and_logs_every_group_it_rolle
         assert m["sequences_trained"] == 4 * trained.shape[0]
         assert m["time_rollout"] > 0 and m["time_prune"] >= 0
     assert any(m["ds_dropped_groups"] > 0 for m in steps), "the reward makes half the groups all equal"
-    # the dropped groups are in the history too: a prompt seen once in the last step, all-equal there, is degenerate
+    # the dropped groups are in the history too: a prompt seen once in the last step, is all-equal
     last = groups[-1]
     for pid, rewards in zip(last["ids"], last["rewards"], strict=True):
         if last["ids"].count(pid) == 1:
-            assert trainer.estimator.history.get(pid).degenerate == _all_equal(rewards), pid
+            assert trainer.estimator.history.get(pid).all_equal == _all_equal(rewards), pid
 
 
 SCORED: list[int] = []

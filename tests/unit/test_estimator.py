@@ -32,6 +32,21 @@ def test_registry_holds_every_pruning_mode():
         assert make_estimator(DPPOConfig(pruning=mode, **extra)).name == mode
 
 
+def test_what_an_estimator_declares_to_the_adapters():
+    """What the TRL and verl adapters ask an estimator, instead of probing its fields: whether it drops the
+    completions with A = 0 (exact only without a KL term), and the G its prompt scheme reads counts with."""
+    for est in (Estimator(), CPPOEstimator(), GRESOEstimator(), PODSEstimator()):
+        assert not est.drops_zero_advantage() and est.group_size_read() is None
+    assert DPPOEstimator().drops_zero_advantage()
+    assert not DPPOEstimator(beta=0.04).drops_zero_advantage()
+    assert not DPPOEstimator(drop_zero_advantage=False).drops_zero_advantage()
+    assert DPPOEstimator(prompt_scheme="paper", group_size=4).group_size_read() is None
+    for scheme in ("posterior", "fitted", "streak"):
+        assert DPPOEstimator(prompt_scheme=scheme, group_size=4).group_size_read() == 4
+    assert make_estimator(DPPOConfig(pruning="dppo", num_generations=6, prompt_scheme="fitted",
+                                     prompt_prune_rate=0.5)).group_size_read() == 6
+
+
 def test_none_keeps_everything_with_weight_one():
     est = Estimator()
     sel = est.select([f"p{i}" for i in range(5)], step=0, size=3)

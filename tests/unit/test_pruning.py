@@ -44,14 +44,15 @@ def _history():
 
 def test_history_records_the_last_group_and_round_trips():
     h = _history()
-    assert h.get("easy").degenerate and h.get("zero").degenerate and not h.get("even").degenerate
+    assert h.get("easy").all_equal and h.get("zero").all_equal and not h.get("even").all_equal
     assert h.get("even").mean_abs_advantage == pytest.approx(1.0, abs=1e-3)
     assert h.get("hard").mean_reward == 0.25 and h.get("hard").step == 3
-    assert h.degenerate_fraction() == 0.5
+    assert h.all_equal_fraction() == 0.5
+    assert h.get("easy").degenerate and not h.get("even").degenerate  # the former name, kept
     again = PromptHistory.from_state_dict(__import__("json").loads(__import__("json").dumps(h.state_dict())))
     assert again.records == h.records
     h.update(["even"], torch.zeros(1, 4), torch.zeros(1, 4), step=5)
-    assert h.get("even").seen == 2 and h.get("even").degenerate
+    assert h.get("even").seen == 2 and h.get("even").all_equal
     with pytest.raises(ValueError, match="one row per prompt"):
         h.update(["a", "b"], torch.zeros(1, 4), torch.zeros(1, 4), step=6)
     with pytest.raises(ValueError, match="PromptHistory"):
@@ -64,7 +65,7 @@ def test_merge_keeps_the_latest_record_whatever_the_rank_order():
     b.update(["p", "r"], torch.tensor([[0.0, 0], [1, 0]]), torch.tensor([[0.0, 0], [1, -1]]), step=2)
     ab, ba = PromptHistory.merge([a, b]), PromptHistory.merge([b, a])
     assert ab.records == ba.records
-    assert set(ab.records) == {"p", "q", "r"} and ab.get("p").step == 2 and ab.get("p").degenerate
+    assert set(ab.records) == {"p", "q", "r"} and ab.get("p").step == 2 and ab.get("p").all_equal
 
 
 def test_prompt_keep_probs_unseen_get_one_and_floors_hold():
@@ -76,7 +77,7 @@ def test_prompt_keep_probs_unseen_get_one_and_floors_hold():
         assert (p >= 0.15).all() and (p <= 1).all()
         assert p[2] >= p[0] and p[2] >= p[3]  # the informative prompt is kept at least as often
     paper = prompt_keep_probs(h, ids, 0.6, scheme="paper", min_keep_prob=0.1)
-    # the lower half (2 of 4 seen prompts: the degenerate ones) kept with 1 - r, the rest with 1
+    # the lower half (2 of 4 seen prompts: the all-equal ones) kept with 1 - r, the rest with 1
     assert sorted(paper[:4].tolist()) == pytest.approx([0.4, 0.4, 1.0, 1.0])
     assert prompt_keep_probs(h, ids, 0.9, step=10, max_age=5).tolist() == [1.0] * 5  # stale history is ignored
     assert prompt_keep_probs(h, ids, 0.0).tolist() == [1.0] * 5
@@ -202,7 +203,7 @@ def test_pods_keeps_the_subset_whose_rewards_vary_most():
         pods_keep(rewards, 9)
 
 
-def test_greso_skips_only_prompts_degenerate_last_time():
+def test_greso_skips_only_prompts_all_equal_last_time():
     h = _history()
     p = greso_keep_probs(h, ["easy", "even", "zero", "new"], 0.7)
     assert p.tolist() == pytest.approx([0.3, 1.0, 0.3, 1.0])
@@ -485,7 +486,7 @@ def _check_prompt_probs_from_rewards_outside_the_unit_interval():
         h = PromptHistory()
         r = lo + (hi - lo) * torch.tensor(rows)
         h.update(ids[:4], r, _advantages(r, "none"), step=0)
-        assert [h.get(i).degenerate for i in ids[:4]] == [False, False, True, True]
+        assert [h.get(i).all_equal for i in ids[:4]] == [False, False, True, True]
         for scheme in ("paper", "proportional"):
             p = pruning.prompt_keep_probs(h, ids, 0.5, scheme=scheme, min_keep_prob=0.1, step=1)
             assert ((p >= 0.1) & (p <= 1)).all() and p[4] == 1.0  # unseen: kept

@@ -26,6 +26,7 @@ def test_the_engine_that_samples_from_the_policy_and_the_plan_a_config_runs():
     assert not registry.samples_from_policy("recording")  # an engine the table does not name: corrected
     assert registry.plan_name("auto", 0) == "plain" and registry.plan_name("auto", 2) == "pilot"
     assert registry.plan_name("dynamic_sampling", 0) == "dynamic_sampling"
+    assert DPPOConfig(pruning="dppo", pilot_size=2).plan == "pilot" and DPPOConfig().plan == "plain"
     # TRL and verl generate each group in one call of their own: only the plain plan runs there
     assert [n for n, c in registry.ROLLOUT_PLANS.items() if c.trl or c.verl] == ["plain"]
     assert [n for n, c in registry.ROLLOUT_PLANS.items() if not c.exact] == [
@@ -55,3 +56,21 @@ def test_the_bench_marks_the_methods_whose_plan_changes_the_objective():
         m: entry for m in ("grpo_skip", "dppo_pilot", "grpo_skip_filtered")}}}))
     assert "| `grpo_skip_filtered` † |" in text and "| `dppo_pilot` |" in text
     assert "(`offline_filter`) is not exact" in text and "dynamic_sampling" not in text
+
+
+def test_the_pilot_count_is_read_in_four_modules_one_way():
+    """``pilot_size`` from ``dppo train``: the config (its field, and ``plan``, the plan it resolves to through
+    the registry), the config's checks and the pilot plan read it; what a run builds from the config (the
+    estimator, the plans' factory, the bench's TRL peers, the TRL and verl adapters' checks) reads the resolved
+    ``plan``. Nothing hands the count back. (The bench's tables resolve saved configs' JSON with plan_name.)"""
+    import ast
+    from pathlib import Path
+
+    package = Path(registry.__file__).parent
+    readers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "pilot_size":
+                readers.add(path.relative_to(package).as_posix())
+    assert readers == {"config.py", "config_checks.py", "plans/pilot.py"}
+    assert registry.plan_name.__code__.co_varnames[:2] == ("rollout_plan", "pilot_size")  # the fourth: a parameter

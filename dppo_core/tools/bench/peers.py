@@ -121,7 +121,7 @@ def trl_grpo_args(config: DPPOConfig, output_dir: str | Path, method: str = "trl
 
     from dppo_core import registry
 
-    plan = registry.ROLLOUT_PLANS[registry.plan_name(config.rollout_plan, config.pilot_size)]
+    plan = registry.ROLLOUT_PLANS[config.plan]
     if not plan.trl:  # TRL generates each group in one call of its own: no plan but the plain one runs there
         raise BenchError(f"{method} runs TRL's own rollouts, which have no {plan.name} plan: set "
                          "rollout_plan: auto and pilot_size: 0 for it")
