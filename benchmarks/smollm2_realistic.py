@@ -20,6 +20,8 @@ comparable among themselves only). Reported:
   whose run never reaches the target is counted as missed, and one where either run is there at its first
   evaluation as at the start (in the sums, not among the ratios);
 - ``dppo advise --prompt-scheme fitted`` on each ``grpo_skip`` log: its verdict and predicted speedups.
+
+``--markdown`` prints the results README's two tables (:func:`markdown`) from the same summary.
 """
 
 from __future__ import annotations
@@ -139,11 +141,48 @@ def summarize(bench_dir: Path, replay: bool = True) -> dict[str, Any]:
     return out
 
 
+def _interval(entry: dict[str, Any]) -> str:
+    """One target's cell: the speedup, its bootstrap interval and the seeds that missed or started there."""
+    if entry.get("speedup") is None:
+        return "never reached"
+    ci = entry.get("ci95")
+    cell = f"{entry['speedup']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    notes = [f"{entry[k]} {label}" for k, label in (("missed", "missed"), ("at_start", "there at step 0"))
+             if entry.get(k)]
+    return cell + (f" ({', '.join(notes)})" if notes else "")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results README's tables, from :func:`summarize`'s result: each method's run, then each pair's time
+    to 90% / 95% of its baseline's final accuracy, greedy and sampled."""
+    lines = ["| method | seeds | prompts rolled out a step | all-equal groups | greedy accuracy, start -> final "
+             "(sd) | sampled, final (sd) | training minutes (rollout, update) | tokens trained |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, row in result["methods"].items():
+        phases = row["phase_minutes"]
+        lines.append(
+            f"| `{m}` | {len(row['seeds'])} | {row['prompts_rolled_out'] or 'n/a'} | {row['all_equal_share']:.1%} "
+            f"| {row['greedy_start']:.3f} -> {row['greedy_final'][0]:.3f} ({row['greedy_final'][1]:.3f}) "
+            f"| {row['sampled_final'][0]:.3f} ({row['sampled_final'][1]:.3f}) | {row['training_minutes']:.1f} "
+            f"({phases.get('rollout', 0):.1f}, {phases.get('update', 0):.1f}) | {row['tokens_trained']:,} |")
+    lines += ["", "| method against baseline | accuracy | baseline's final | to 90% | to 95% |",
+              "|---|---|---:|---:|---:|"]
+    for accuracy, pairs in result["speedups"].items():
+        for name, e in pairs.items():
+            if e.get("why_not"):
+                continue
+            method, baseline = name.split(" vs ")
+            lines.append(f"| `{method}` against `{baseline}` | {accuracy} | {e['baseline_final']:.3f} | "
+                         f"{_interval(e['0.90'])} | {_interval(e['0.95'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench", type=Path, help="the smollm2-realistic bench directory")
     ap.add_argument("--output", type=Path, default=None, help="write the summary here as JSON")
     ap.add_argument("--no-advise", action="store_true", help="skip the advise replay")
+    ap.add_argument("--markdown", action="store_true", help="print the results README's tables too")
     args = ap.parse_args()
     result = summarize(args.bench, replay=not args.no_advise)
     p = result["persistence"]
@@ -160,6 +199,8 @@ def main() -> None:
                 f"start {e[f]['at_start']})" for f in ("0.90", "0.95"))))
     for a in result["advise"]:
         print(f"advise, seed {a['seed']}: {a['verdict']}")
+    if args.markdown:
+        print(markdown(result))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")

@@ -117,10 +117,11 @@ def _bottom_line(r: Mapping[str, Any]) -> str:
     if drop >= PAYS_POINTS and predicted is not None and predicted >= PREDICTED_PAYS:
         return (f"the prompt stage should pay here as a rollout budget: history cuts the all-equal share by "
                 f"{100 * drop:.0f} points, and the prediction is {predicted:.2f}x sooner than grpo_skip "
-                "given the same prompts a step (on the persistence map it ran low: 1.27x predicted, 1.43x / "
-                "1.62x measured at persistence 0.96; benchmarks/results/persistence-map); run dppo_budget "
-                "against grpo_skip_matched, and against grpo_skip at the full batch too, which there was as "
-                "fast on twice the rollouts")
+                "given the same prompts a step (on the persistence map at 0.96 it predicted 1.27x, and ten "
+                "seeds measured 1.27x [1.01, 1.60] / 1.24x [0.90, 1.71] to 50% / 75% of the baseline's "
+                "climb: at the edge, then no difference; benchmarks/results/persistence-map); run "
+                "dppo_budget against grpo_skip_matched, and against grpo_skip at the full batch too, which "
+                "there was as fast on twice the rollouts")
     if drop >= PAYS_POINTS:
         return ("the prompt stage makes better batches here: history cuts the all-equal share of rolled-out "
                 f"groups by {100 * drop:.0f} points while rolling out {_pct(ps['prompt_share_rolled_out'])} "

@@ -19,6 +19,7 @@ def _load(name):
 
 tune_batch = _load("tune_batch")
 predictors = _load("predictors")
+smollm2_realistic = _load("smollm2_realistic")
 
 
 def _run(score, wall, curve):
@@ -122,3 +123,38 @@ def test_the_pool_rule_falls_back_to_the_all_equal_share_when_nothing_is_always_
     half = {"all_correct": 0.0, "all_wrong": 0.5, "mixed": 0.5, "mean_success": 0.2}
     out = level_success.pool_weights({**{lvl: half for lvl in (1, 2, 3, 4, 5)}, 6: per_level[6]}, 0.3, 0.2)
     assert out["level_weights"][-1] == 0.0
+
+
+def _greedy_run(points):
+    return {"curve": [{"step": i, "train_s": t, "greedy_accuracy": a, "sampled_accuracy": a}
+                      for i, (t, a) in enumerate(points)]}
+
+
+def test_the_real_model_comparison_times_each_seed_to_the_baselines_final_accuracy():
+    """smollm2_realistic.speedups: the baseline ends at 0.6 on every seed (targets 0.54 and 0.57); the method
+    climbs twice as fast on seeds 1 and 2, and never gets there on seed 3 (a miss, not a ratio)."""
+    base = _greedy_run([(0, 0.3), (100, 0.45), (200, 0.6)])
+    fast = _greedy_run([(0, 0.3), (50, 0.45), (100, 0.6)])
+    slow = _greedy_run([(0, 0.3), (100, 0.4), (200, 0.5)])
+    runs = {("grpo_skip", s): base for s in (1, 2, 3)} | {("dppo", 1): fast, ("dppo", 2): fast, ("dppo", 3): slow}
+    out = smollm2_realistic.speedups(runs, "dppo", "grpo_skip", "greedy")
+    assert out["seeds"] == [1, 2, 3] and out["baseline_final"] == 0.6
+    for f, t in (("0.90", 160.0), ("0.95", 180.0)):  # 0.45 + (0.6 - 0.45) * (t - 100) / 100 = 0.54, 0.57
+        e = out[f]
+        assert e["target"] == pytest.approx(float(f) * 0.6) and e["missed"] == 1 and e["at_start"] == 0
+        assert smollm2_realistic.time_to_target(smollm2_realistic._curve(base, "greedy"), e["target"]) == \
+            pytest.approx(t)
+        assert e["speedup"] == pytest.approx(2.0) and e["per_seed"] == [2.0, 2.0]
+        assert e["ci95"] == [2.0, 2.0] and e["paired_ci95"] == [2.0, 2.0]
+    assert smollm2_realistic.speedups(runs, "dppo", "grpo_skip_matched", "greedy")["why_not"].startswith("no seed")
+    row = smollm2_realistic._interval(out["0.90"])
+    assert row == "2.00x [2.00, 2.00] (1 missed)"
+    assert smollm2_realistic._interval({"speedup": None}) == "never reached"
+    method = {"seeds": [1, 2, 3], "prompts_rolled_out": 4.5, "all_equal_share": 0.4567, "greedy_start": 0.3,
+              "greedy_final": [0.6, 0.01], "sampled_final": [0.55, 0.02], "training_minutes": 12.34,
+              "phase_minutes": {"rollout": 5.0, "update": 6.0}, "tokens_trained": 12345}
+    text = smollm2_realistic.markdown({"methods": {"dppo": method}, "speedups": {"greedy": {
+        "dppo vs grpo_skip": out, "dppo vs grpo_skip_matched": {"seeds": [], "why_not": "no seed"}}}})
+    assert "| `dppo` | 3 | 4.5 | 45.7% | 0.300 -> 0.600 (0.010) | 0.550 (0.020) | 12.3 (5.0, 6.0) | 12,345 |" in text
+    assert "| `dppo` against `grpo_skip` | greedy | 0.600 | 2.00x [2.00, 2.00] (1 missed) |" in text
+    assert "grpo_skip_matched" not in text
