@@ -47,6 +47,10 @@ SOLUTIONS = Path(__file__).resolve().parents[1] / "assets" / "course" / "solutio
 #: The snapshot of the committed results the chapters read, under their paths in the repository
 #: (``RESULTS / "benchmarks/results/cpu-peers/bench.json"``), shipped in the package.
 RESULTS = Path(__file__).resolve().parents[1] / "assets" / "course" / "results"
+#: The snapshot's list, one path a line, beside it (``assets/course/results.txt``): what the chapters read,
+#: as :func:`sync_results` last found it. ``dppo doctor`` checks an install against it, so the list and the
+#: copies change in one command.
+RESULTS_LIST = "results.txt"
 
 # The Makefile's pins (tests/course/test_course.py checks they agree): PyTorch's own kernels, MKL and oneDNN
 # all at AVX2, so that a chapter runs with the kernels `make notebooks` stored its outputs with. Pins narrow
@@ -322,8 +326,9 @@ def _string(node: ast.expr, names: dict[str, object]) -> str:
 
 def sync_results(root: str | Path | None = None) -> list[str]:
     """Copy the committed results the chapters read from the checkout ``root`` (default: the one this package
-    is in) into the package's snapshot (:data:`RESULTS`), and remove snapshot files no chapter reads any more.
-    Returns the paths copied. ``python -m dppo_core.tools.course --sync-results`` runs it."""
+    is in) into the package's snapshot (:data:`RESULTS`), list them in :data:`RESULTS_LIST` beside it, and
+    remove snapshot files no chapter reads any more. Returns the paths copied.
+    ``python -m dppo_core.tools.course --sync-results`` runs it."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
     if not (root / "notebooks").is_dir() or not (root / "benchmarks").is_dir():
         raise FileNotFoundError(f"{root} is not a checkout of the repository (no notebooks/ and "
@@ -336,6 +341,10 @@ def sync_results(root: str | Path | None = None) -> list[str]:
     for path in paths:
         (RESULTS / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / path, RESULTS / path)
+    listed = RESULTS.parent / RESULTS_LIST
+    partial = listed.with_name(listed.name + ".partial")
+    partial.write_text("".join(f"{path}\n" for path in paths), encoding="utf-8")
+    partial.replace(listed)
     for stale in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
         if stale.relative_to(RESULTS).as_posix() not in paths:
             stale.unlink()

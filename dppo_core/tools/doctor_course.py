@@ -35,20 +35,25 @@ COURSE_ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "course"
 COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_grpo", "ch03b_estimation",
                     "ch04_lora_qlora", "ch05_prompt_pruning", "ch06_completion_pruning", "ch07_packing",
                     "ch08_dppo_end_to_end", "ch09_scaling_out")
+#: The file, under :data:`COURSE_ASSETS_DIR`, listing the committed results the chapters read, one path a line
+#: (``python -m dppo_core.tools.course --sync-results`` writes it with the copies; tests/system/test_doctor.py
+#: keeps it equal to :func:`dppo_core.tools.course.chapter_results`).
+COURSE_RESULTS_LIST = "results.txt"
+
+
+def _listed_results() -> tuple[str, ...]:
+    listed = COURSE_ASSETS_DIR / COURSE_RESULTS_LIST
+    if not listed.is_file():  # a broken install: missing_course_assets names the list itself
+        return ()
+    return tuple(line for line in listed.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
 #: The committed results the chapters read (``committed_result(...)``), as shipped under ``results/`` at their
-#: paths in the repository (tests/system/test_doctor.py keeps this list equal to
-#: :func:`dppo_core.tools.course.chapter_results`).
-COURSE_RESULTS = tuple(
-    [f"benchmarks/results/{name}/bench.json" for name in ("cpu-baselines", "cpu-peers")]
-    + ["benchmarks/results/packing/update_time.json", "benchmarks/results/rollout_throughput.json",
-       "benchmarks/results/smollm2/summary.json", "benchmarks/results/smollm2/grpo/groups.jsonl",
-       "benchmarks/results/persistence-map/map.json",
-       "benchmarks/results/persistence-map/persist-70-filter/point.json"]
-    + [f"benchmarks/results/tiny-grpo/curves-kl-0.04/seed-{seed}/{log}.jsonl"
-       for seed in (0, 1, 2) for log in ("eval", "metrics")])
+#: paths in the repository: the list in :data:`COURSE_RESULTS_LIST`.
+COURSE_RESULTS = _listed_results()
 #: What :func:`check_course_install` requires under :data:`COURSE_ASSETS_DIR`, in one list: files, relative to
 #: it.
-COURSE_ASSETS = (tuple(f"solutions/{stem}.py" for stem in COURSE_SOLUTIONS)
+COURSE_ASSETS = (tuple(f"solutions/{stem}.py" for stem in COURSE_SOLUTIONS) + (COURSE_RESULTS_LIST,)
                  + tuple(f"results/{path}" for path in COURSE_RESULTS))
 COURSE_EXTRA = "course"
 #: The extra's distributions when dppo-core's metadata cannot be read (pyproject's `course` list, as of

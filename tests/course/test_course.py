@@ -179,6 +179,8 @@ def test_the_packaged_results_snapshot_is_the_repositorys_files():
     extra = sorted(q.relative_to(RESULTS).as_posix() for q in RESULTS.rglob("*") if q.is_file())
     extra = [q for q in extra if q not in paths]
     assert not extra, f"the snapshot holds files no chapter reads: {extra}; {fix}"
+    listed = (RESULTS.parent / course_module.RESULTS_LIST).read_text(encoding="utf-8").splitlines()
+    assert listed == paths, f"dppo_core/assets/course/{course_module.RESULTS_LIST} lists other files; {fix}"
     assert RESULTS == Path(course_module.__file__).resolve().parents[1] / "assets" / "course" / "results"
 
 
@@ -209,6 +211,7 @@ def test_sync_results_copies_what_the_chapters_read_and_drops_the_rest(tmp_path,
     assert sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")) == [
         "benchmarks", "benchmarks/results", "benchmarks/results/x", "benchmarks/results/x/a.json"]
     assert (snapshot / "benchmarks/results/x/a.json").read_text() == '{"a": 1}'
+    assert (tmp_path / "results.txt").read_text() == "benchmarks/results/x/a.json\n"  # beside the snapshot
     with pytest.raises(FileNotFoundError, match="not a checkout of the repository"):
         course.sync_results(tmp_path / "nowhere")
 

@@ -252,7 +252,8 @@ def test_course_install_warns_without_a_course_extra_in_the_metadata(monkeypatch
     assert "[course]" in c.fix
 
 
-@pytest.mark.parametrize("leave_out", [doctor_course.COURSE_ASSETS[3], doctor_course.COURSE_ASSETS[-1]])
+@pytest.mark.parametrize("leave_out", [doctor_course.COURSE_ASSETS[3], doctor_course.COURSE_RESULTS_LIST,
+                                       doctor_course.COURSE_ASSETS[-1]])
 def test_course_install_fails_when_an_asset_is_missing(monkeypatch, tmp_path, leave_out):
     monkeypatch.setattr(doctor_course, "COURSE_ASSETS_DIR", _stub_assets(tmp_path))
     assert doctor_course.missing_course_assets() == [] and doctor_course.check_course_install().status == "OK"
