@@ -142,11 +142,14 @@ def summarize(bench_dir: Path, replay: bool = True) -> dict[str, Any]:
 
 
 def _interval(entry: dict[str, Any]) -> str:
-    """One target's cell: the speedup, its bootstrap interval and the seeds that missed or started there."""
+    """One target's cell: the speedup, the t-interval on the per-seed log ratios, then the bootstrap interval over
+    seed pairs (with three seeds the bootstrap's spans little more than the seeds' range; the t-interval is the
+    wider, honest one), and the seeds that missed or started there."""
     if entry.get("speedup") is None:
         return "never reached"
-    ci = entry.get("ci95")
-    cell = f"{entry['speedup']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    ci, paired = entry.get("ci95"), entry.get("paired_ci95")
+    cell = (f"{entry['speedup']:.2f}x" + (f" [{paired[0]:.2f}, {paired[1]:.2f}]" if paired else "")
+            + (f"; bootstrap [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
     notes = [f"{entry[k]} {label}" for k, label in (("missed", "missed"), ("at_start", "there at step 0"))
              if entry.get(k)]
     return cell + (f" ({', '.join(notes)})" if notes else "")

@@ -8,9 +8,10 @@ Made with (from the repository root; about 45 minutes on 2 CPU cores):
 
 The rules, written before the runs and the same for every method:
 
-- **Equal data.** Every run sees the same number of prompts: at B prompts per step it runs ``60 * 32 / B`` steps
-  and evaluates every ``10 * 32 / B`` steps, so every run is evaluated at the same seven points of prompts seen
-  (the cpu-baselines setting is B = 32: 60 steps, every 10).
+- **Equal data.** Every run sees as many prompts as the preset's own run (B0 prompts a step for S0 steps,
+  evaluated every E0): at B prompts per step it runs ``S0 * B0 / B`` steps and evaluates every ``E0 * B0 / B``, so
+  every run is evaluated at the same points of prompts seen (cpu-baselines: B0 = 32, S0 = 60, E0 = 10, seven
+  points).
 - **Learning rate at each batch**: the highest mean held-out sampled accuracy over the evaluations after step 0
   (``benchmarks/tune_lr.py``'s score), on the grid 5e-5, 1e-4, 2e-4 with the constant schedule (the one
   ``tune_lr.py`` chose on cpu-baselines).
@@ -38,6 +39,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from dppo_core.config import preset as training_preset
 from dppo_core.tools.bench import bench_preset, method_config, read_jsonl, run_dir, run_method, summarize_run
 from dppo_core.tools.bench.presets import resolve_model_keyword
 from dppo_core.tools.bench.summary import accuracy_at_time
@@ -45,6 +47,7 @@ from dppo_core.tools.bench.summary import accuracy_at_time
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_lr import score  # noqa: E402  (the same score as the rate tuning: one rule)
 
+#: cpu-baselines' batch, steps and evaluation interval (a preset's own: :func:`base_budget`).
 BASE_BATCH, BASE_STEPS, BASE_EVAL = 32, 60, 10
 
 
@@ -52,13 +55,20 @@ def setting(batch: int, lr: float) -> str:
     return f"b{batch}-lr{lr:g}"
 
 
-def overrides(batch: int, lr: float) -> list[str]:
+def base_budget(preset) -> tuple[int, int, int]:
+    """The preset's own batch, steps and evaluation interval (before any method's settings)."""
+    config = training_preset(preset.base).with_overrides(dict(preset.overrides))
+    return config.prompts_per_step, config.max_steps, config.eval_steps
+
+
+def overrides(batch: int, lr: float, base: tuple[int, int, int] = (BASE_BATCH, BASE_STEPS, BASE_EVAL)) -> list[str]:
     """What a grid point sets on the preset: the batch, the equal-data step budget and evaluation, the rate."""
-    if (BASE_BATCH * BASE_STEPS) % batch or (BASE_BATCH * BASE_EVAL) % batch:
-        raise SystemExit(f"--batches: {batch} does not divide {BASE_BATCH * BASE_EVAL}; choose a divisor so that "
+    base_batch, base_steps, base_eval = base
+    if (base_batch * base_steps) % batch or (base_batch * base_eval) % batch:
+        raise SystemExit(f"--batches: {batch} does not divide {base_batch * base_eval}; choose a divisor so that "
                          "every run is evaluated at the same numbers of prompts seen")
-    return [f"prompts_per_step={batch}", f"max_steps={BASE_BATCH * BASE_STEPS // batch}",
-            f"eval_steps={BASE_BATCH * BASE_EVAL // batch}", f"learning_rate={lr:g}"]
+    return [f"prompts_per_step={batch}", f"max_steps={base_batch * base_steps // batch}",
+            f"eval_steps={base_batch * base_eval // batch}", f"learning_rate={lr:g}"]
 
 
 def mean_accuracy_over_time(curve: list[dict], horizon: float, points: int = 200) -> float:
@@ -106,13 +116,14 @@ def write(output: Path, args, result: dict, command: str) -> None:
               **result}
     (output / "tuning.json").write_text(json.dumps(report, indent=2) + "\n")
     names = [setting(b, lr) for b in args.batches for lr in args.grid]
+    batch0, steps0, eval0 = base_budget(bench_preset(args.preset))
     lines = [f"# Batch and learning-rate tuning on {args.preset}, seed {args.seed}", "", f"Command: `{command}`", "",
-             "Rules (benchmarks/tune_batch.py, written before the runs): every run sees 1,920 prompts (60 x 32 / B "
-             "steps, evaluated every 10 x 32 / B). At each batch B the learning rate with the highest mean sampled "
-             "accuracy over the evaluations after step 0 (final accuracy in brackets); then each method's batch is "
-             "the one whose best run has the highest mean accuracy over training time, up to the shortest of the "
-             "method's candidates. One seed: an evaluation's standard error is about 0.017, so differences under about "
-             "0.02 are within noise.", "",
+             f"Rules (benchmarks/tune_batch.py, written before the runs): every run sees {batch0 * steps0:,} prompts "
+             f"({steps0} x {batch0} / B steps, evaluated every {eval0} x {batch0} / B). At each batch B the "
+             "learning rate with the highest mean sampled accuracy over the evaluations after step 0 (final "
+             "accuracy in brackets); then each method's batch is the one whose best run has the highest mean "
+             "accuracy over training time, up to the shortest of the method's candidates. One seed: differences "
+             "within an evaluation's standard error (about 0.017 on cpu-baselines) are noise.", "",
              "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for m, rows in result["table"].items():
         best = set(result["chosen"][m]["best_lr_per_batch"].values())
@@ -153,7 +164,8 @@ def main() -> int:
         for b in args.batches:
             for lr in args.grid:
                 for m in args.methods:
-                    config = method_config(preset, m, args.seed, args.output / setting(b, lr), overrides(b, lr))
+                    config = method_config(preset, m, args.seed, args.output / setting(b, lr),
+                                           overrides(b, lr, base_budget(preset)))
                     if (Path(config.output_dir) / "run.json").is_file():
                         continue
                     config = config.with_overrides({"model": resolve_model_keyword(config.model)})

@@ -34,6 +34,19 @@ def test_equal_data_overrides_and_a_batch_that_does_not_divide():
         tune_batch.overrides(7, 1e-4)
 
 
+def test_equal_data_follows_the_presets_own_budget():
+    """cpu-baselines' budget is the module's constants; a persistence-map point keeps its own steps, so a batch of
+    8 there runs four times its steps and evaluates at the same numbers of prompts seen."""
+    from dppo_core.tools.bench import bench_preset
+    from dppo_core.tools.bench.cpu_settings import persistence_steps
+
+    assert tune_batch.base_budget(bench_preset("cpu-baselines")) == (32, 60, 10)
+    batch, steps, every = tune_batch.base_budget(bench_preset("cpu-persist-70"))
+    assert steps == persistence_steps(0.7) > 60 and every == steps // 12
+    assert tune_batch.overrides(8, 2e-4, (batch, steps, every))[:3] == [
+        "prompts_per_step=8", f"max_steps={steps * batch // 8}", f"eval_steps={every * batch // 8}"]
+
+
 def test_mean_accuracy_over_time_is_the_area_under_the_interpolated_curve():
     curve = [{"step": 0, "train_s": 0.0, "sampled_accuracy": 0.4},
              {"step": 1, "train_s": 10.0, "sampled_accuracy": 0.6}]
@@ -148,7 +161,7 @@ def test_the_real_model_comparison_times_each_seed_to_the_baselines_final_accura
         assert e["ci95"] == [2.0, 2.0] and e["paired_ci95"] == [2.0, 2.0]
     assert smollm2_realistic.speedups(runs, "dppo", "grpo_skip_matched", "greedy")["why_not"].startswith("no seed")
     row = smollm2_realistic._interval(out["0.90"])
-    assert row == "2.00x [2.00, 2.00] (1 missed)"
+    assert row == "2.00x [2.00, 2.00]; bootstrap [2.00, 2.00] (1 missed)"
     assert smollm2_realistic._interval({"speedup": None}) == "never reached"
     method = {"seeds": [1, 2, 3], "prompts_rolled_out": 4.5, "all_equal_share": 0.4567, "greedy_start": 0.3,
               "greedy_final": [0.6, 0.01], "sampled_final": [0.55, 0.02], "training_minutes": 12.34,
@@ -156,5 +169,5 @@ def test_the_real_model_comparison_times_each_seed_to_the_baselines_final_accura
     text = smollm2_realistic.markdown({"methods": {"dppo": method}, "speedups": {"greedy": {
         "dppo vs grpo_skip": out, "dppo vs grpo_skip_matched": {"seeds": [], "why_not": "no seed"}}}})
     assert "| `dppo` | 3 | 4.5 | 45.7% | 0.300 -> 0.600 (0.010) | 0.550 (0.020) | 12.3 (5.0, 6.0) | 12,345 |" in text
-    assert "| `dppo` against `grpo_skip` | greedy | 0.600 | 2.00x [2.00, 2.00] (1 missed) |" in text
+    assert "| `dppo` against `grpo_skip` | greedy | 0.600 | 2.00x [2.00, 2.00]; bootstrap [2.00, 2.00] (1 missed) |" in text
     assert "grpo_skip_matched" not in text
