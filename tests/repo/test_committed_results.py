@@ -80,6 +80,8 @@ def test_every_committed_result_says_what_made_it():
 #: The benches README.md's Results section quotes: the equal-tuning comparisons (each method at its own tuned batch,
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
+#: Around benchmarks/smollm2_realistic.py's tables in docs/benchmarks.md and the comparison's results README.
+SMOLLM2_MARKERS = ("<!-- smollm2_realistic.py --markdown -->", "<!-- end of smollm2_realistic.py --markdown -->")
 HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched",
                     "cpu-persist-50", "cpu-persist-70", "cpu-persist-85", "cpu-persist-70-filter")
 
@@ -92,6 +94,7 @@ def test_the_readme_headline_is_the_committed_equal_tuning_tables():
     results = " ".join(readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0].split())
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
     tables = [docs.split(f"<!-- bench:{n}:start -->")[1].split(f"<!-- bench:{n}:end -->")[0] for n in HEADLINE_BENCHES]
+    tables.append(docs.split(SMOLLM2_MARKERS[0])[1].split(SMOLLM2_MARKERS[1])[0])  # the real model's, below
     quoted = re.findall(r"\d+\.\d+x \[\d+\.\d+, \d+\.\d+\]", results)
     assert len(quoted) >= 2, results
     assert [q for q in quoted if not any(q in t for t in tables)] == [], \
@@ -270,3 +273,38 @@ def test_the_smollm2_learning_rate_is_the_committed_tuning_choice():
     assert {float(lr) for lr in chosen.values()} == {SMOLLM2_REALISTIC_LEARNING_RATE}
     assert preset.overrides["learning_rate"] == SMOLLM2_REALISTIC_LEARNING_RATE and schedule == "constant"
     assert not any("learning_rate" in o for o in preset.method_overrides.values())
+
+
+def test_the_smollm2_comparison_is_its_committed_bench():
+    """The real model against the strong baselines (issue #66): summary.json is benchmarks/smollm2_realistic.py's
+    summary of the committed bench (advise's replay aside, which needs the model), with the four methods on at
+    least three seeds; the results README's and docs/benchmarks.md's tables are its markdown, and README.md quotes
+    `dppo` against `grpo_skip` and the rollout budget against the batch-matched baseline, with their t-intervals,
+    and the pool's persistence."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_realistic", ROOT / "benchmarks" / "smollm2_realistic.py")
+    smollm2 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smollm2)
+    folder = RESULTS / "smollm2-realistic"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["bench"] == "benchmarks/results/smollm2-realistic/bench" and len(summary["seeds"]) >= 3
+    assert set(summary["methods"]) == {"grpo_skip", "grpo_skip_matched", "dppo", "dppo_budget"}
+    assert all(m["seeds"] == summary["seeds"] for m in summary["methods"].values())
+    again = json.loads(json.dumps(smollm2.summarize(folder / "bench", replay=False)))
+    assert {k: v for k, v in again.items() if k not in ("bench", "advise")} == {
+        k: v for k, v in summary.items() if k not in ("bench", "advise")}
+    assert [a["seed"] for a in summary["advise"]] == summary["seeds"]
+    start, end = SMOLLM2_MARKERS
+    for page in (ROOT / "docs/benchmarks.md", folder / "README.md"):
+        assert page.read_text().split(start)[1].split(end)[0].strip() == smollm2.markdown(summary).strip(), page
+    doc = (folder / "README.md").read_text()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for pair in ("dppo vs grpo_skip", "dppo_budget vs grpo_skip_matched"):  # with the t-intervals
+        entry = summary["speedups"]["greedy"][pair]
+        said = [f"{e['speedup']:.2f}x [{e['paired_ci95'][0]:.2f}, {e['paired_ci95'][1]:.2f}]"
+                for e in (entry["0.90"], entry["0.95"])]
+        assert all(x in readme for x in said), (pair, said)
+    p = summary["persistence"]
+    assert f"P(all-equal | previous all-equal) {p['p_equal_after_equal']:.2f}" in " ".join(doc.split())
+    assert f"(persistence {p['p_equal_after_equal']:.2f})" in readme
