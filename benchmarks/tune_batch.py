@@ -39,7 +39,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from dppo_core.config import preset as training_preset
 from dppo_core.tools.bench import bench_preset, method_config, read_jsonl, run_dir, run_method, summarize_run
 from dppo_core.tools.bench.presets import resolve_model_keyword
 from dppo_core.tools.bench.summary import accuracy_at_time
@@ -57,7 +56,7 @@ def setting(batch: int, lr: float) -> str:
 
 def base_budget(preset) -> tuple[int, int, int]:
     """The preset's own batch, steps and evaluation interval (before any method's settings)."""
-    config = training_preset(preset.base).with_overrides(dict(preset.overrides))
+    config = preset.shared_config()
     return config.prompts_per_step, config.max_steps, config.eval_steps
 
 

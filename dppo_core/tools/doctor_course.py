@@ -10,6 +10,7 @@ import contextlib
 import importlib.metadata
 from pathlib import Path
 
+from dppo_core.tools.course import RESULTS_LIST
 from dppo_core.tools.doctor import (
     Check,
     describe_error,
@@ -38,7 +39,7 @@ COURSE_SOLUTIONS = ("ch00_tiny_model", "ch01_rewards", "ch02_rollouts", "ch03_gr
 #: The file, under :data:`COURSE_ASSETS_DIR`, listing the committed results the chapters read, one path a line
 #: (``python -m dppo_core.tools.course --sync-results`` writes it with the copies; tests/system/test_doctor.py
 #: keeps it equal to :func:`dppo_core.tools.course.chapter_results`).
-COURSE_RESULTS_LIST = "results.txt"
+COURSE_RESULTS_LIST = RESULTS_LIST
 
 
 def _listed_results() -> tuple[str, ...]:

@@ -80,10 +80,10 @@ def test_every_committed_result_says_what_made_it():
 #: The benches README.md's Results section quotes: the equal-tuning comparisons (each method at its own tuned batch,
 #: and both at the strong GRPO's tuned batch), the 32-prompt one they were tuned against, and the prompt stage on
 #: the pool shaped like real data.
-#: Around benchmarks/smollm2_realistic.py's tables in docs/benchmarks.md and the comparison's results README.
-SMOLLM2_MARKERS = ("<!-- smollm2_realistic.py --markdown -->", "<!-- end of smollm2_realistic.py --markdown -->")
 HEADLINE_BENCHES = ("cpu-own-best", "cpu-batch8", "cpu-baselines", "cpu-realistic", "cpu-realistic-matched",
                     "cpu-persist-50", "cpu-persist-70", "cpu-persist-85", "cpu-persist-70-filter")
+#: Around benchmarks/smollm2_realistic.py's tables in docs/benchmarks.md and the comparison's results README.
+SMOLLM2_MARKERS = ("<!-- smollm2_realistic.py --markdown -->", "<!-- end of smollm2_realistic.py --markdown -->")
 
 
 def test_the_readme_headline_is_the_committed_equal_tuning_tables():

@@ -169,5 +169,6 @@ def test_the_real_model_comparison_times_each_seed_to_the_baselines_final_accura
     text = smollm2_realistic.markdown({"methods": {"dppo": method}, "speedups": {"greedy": {
         "dppo vs grpo_skip": out, "dppo vs grpo_skip_matched": {"seeds": [], "why_not": "no seed"}}}})
     assert "| `dppo` | 3 | 4.5 | 45.7% | 0.300 -> 0.600 (0.010) | 0.550 (0.020) | 12.3 (5.0, 6.0) | 12,345 |" in text
-    assert "| `dppo` against `grpo_skip` | greedy | 0.600 | 2.00x [2.00, 2.00]; bootstrap [2.00, 2.00] (1 missed) |" in text
+    assert ("| `dppo` against `grpo_skip` | greedy | 0.600 | 2.00x [2.00, 2.00]; bootstrap [2.00, 2.00] (1 missed) |"
+            in text)
     assert "grpo_skip_matched" not in text

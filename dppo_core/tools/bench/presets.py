@@ -167,6 +167,10 @@ class BenchPreset:
     runtime: str = ""
     kind: str = "accuracy"
 
+    def shared_config(self) -> DPPOConfig:
+        """What every method starts from: the base training preset with the bench's shared ``overrides``."""
+        return training_preset(self.base).with_overrides(dict(self.overrides))
+
 
 #: How long `make demo` (`dppo demo`) takes once the warm-started model is there: 79-81 s in all over three
 #: runs on an idle 2-core machine (AVX2 kernels), 80 s with the current rollout loop (docs/quickstart.md). The
@@ -402,8 +406,7 @@ def method_settings(preset: BenchPreset | None, method: str) -> dict[str, Any]:
         if m in MATCHED_BASELINES and preset is not None:
             out["prompts_per_step"] = matched_prompts_per_step(method_config(preset, MATCHED_TO, 0, "."))
     if method in HALF_BATCH_METHODS and preset is not None:
-        shared = training_preset(preset.base).with_overrides(dict(preset.overrides))
-        out["prompts_per_step"] = max(1, shared.prompts_per_step // 2)
+        out["prompts_per_step"] = max(1, preset.shared_config().prompts_per_step // 2)
     return out
 
 
@@ -438,7 +441,7 @@ def method_config(preset: BenchPreset, method: str, seed: int, output_dir: str |
     settings; a derived method, ``trl_dppo``, also takes those of the method it derives from, ``dppo``).
     """
     shared, per_method = split_overrides(overrides)
-    config = training_preset(preset.base).with_overrides(dict(preset.overrides)).with_overrides(shared)
+    config = preset.shared_config().with_overrides(shared)
     for m in method_lineage(method):
         config = config.with_overrides({**METHOD_OVERRIDES[m], **preset.method_overrides.get(m, {})})
         # as many prompts per step as MATCHED_TO rolls out (before its own overrides)
