@@ -167,6 +167,35 @@ def _memo(fn):
     return memo
 
 
+class _FreshPromptProbs:
+    """The estimator's ``prompt_probs`` remembered by its arguments while the path still holds the fresh copies of
+    the history (and the ``streak`` scheme's counts) that every path starts from: until something on the path
+    observes, every path asks the same question of the same state. A call after ``observe``, or with another
+    history swapped in (the stale-π mutants), is computed, not remembered."""
+
+    def __init__(self, estimator):
+        self.estimator, self.fn, self.found, self.fresh = estimator, estimator.prompt_probs, {}, None
+        self.observe = estimator.observe
+
+    def state(self) -> tuple:
+        return self.estimator.history, getattr(self.estimator, "calibration", None)
+
+    def start(self) -> None:  # the path's copies are in place
+        self.fresh = self.state()
+
+    def observing(self, *args, **kwargs):
+        self.fresh = None
+        return self.observe(*args, **kwargs)
+
+    def __call__(self, ids, step, budget=None):
+        if self.fresh is None or any(a is not b for a, b in zip(self.fresh, self.state(), strict=True)):
+            return self.fn(ids, step, budget=budget)
+        key = (tuple(ids), step, budget)
+        if key not in self.found:
+            self.found[key] = self.fn(ids, step, budget=budget)
+        return self.found[key].clone()
+
+
 def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str], theta: Params,
                       observe: bool = True):
     """E[L̂(θ)], E[∇L̂(θ)] over every draw, the number of outcomes, and the (draw-independent) window. Each path
@@ -175,6 +204,12 @@ def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str]
     monkeypatch.setattr(pruning, "sample_keep", enum.sample_keep)
     if hasattr(estimator, "completion_probs"):  # a function of its arguments: computed once per distinct step
         monkeypatch.setattr(estimator, "completion_probs", _memo(estimator.completion_probs))
+    fresh = None
+    # the same on every path until it observes: computed once (not GRESO's adaptive rule, whose π moves each call)
+    if hasattr(estimator, "prompt_probs") and getattr(estimator, "exploration", None) is None:
+        fresh = _FreshPromptProbs(estimator)
+        monkeypatch.setattr(estimator, "prompt_probs", fresh)
+        monkeypatch.setattr(estimator, "observe", fresh.observing)
     loss, grad, total, n, windows = 0.0, 0.0, 0.0, 0, set()
     before = copy.deepcopy(estimator.history)
     calibration = copy.deepcopy(getattr(estimator, "calibration", None))  # streak's counts: observe adds to them
@@ -183,6 +218,8 @@ def exact_expectation(monkeypatch, config: DPPOConfig, estimator, ids: list[str]
         estimator.history = copy.deepcopy(before)
         if calibration is not None:
             estimator.calibration = copy.deepcopy(calibration)
+        if fresh is not None:
+            fresh.start()
         lv, gv, window = run_step(config, estimator, ids, theta, observe=observe)
         loss, grad, total, n = loss + enum.prob * lv, grad + enum.prob * gv, total + enum.prob, n + 1
         windows.add(window)
