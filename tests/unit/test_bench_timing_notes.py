@@ -16,10 +16,10 @@ from dppo_core.tools import bench
 from dppo_core.tools.bench import report
 
 
-def _write_run(root, method, seed, step_times, accs=(0.40, 0.50, 0.60)):
+def _write_run(root, method, seed, step_times, accs=(0.40, 0.50, 0.60), machine="m"):
     d = bench.run_dir(root, method, seed)
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"machine": "m", "elapsed_s": 1.0}))
+    (d / "run.json").write_text(json.dumps({"machine": machine, "elapsed_s": 1.0}))
     (d / "config.json").write_text(json.dumps({"seed": seed, "output_dir": str(d)}))
     (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "step_time": t, "tokens_generated": 100,
                                                          "tokens_trained": 50}) + "\n"
@@ -74,6 +74,18 @@ def test_a_run_with_widely_spread_step_times_is_noted(tmp_path):
     table = bench.format_table(result)
     assert f"timing note: step times vary widely within dppo seed 0 ({spread:.2f})" in table, table
     assert "grpo seed 0" not in table.split("timing note", 1)[1]
+
+
+def test_a_bench_resumed_on_another_machine_names_each_with_its_seeds(tmp_path):
+    """Each seed's runs compare on one machine; the bench says which seeds ran where (the first machine alone
+    would pass the resumed seeds off as its own)."""
+    assert _bench(tmp_path / "one", seeds=(0, 1))["machine"] == "m"
+    for seed, machine in ((1, "AMD"), (2, "AMD"), (3, "Intel")):
+        for method in ("grpo", "dppo"):
+            _write_run(tmp_path / "two", method, seed, QUIET, machine=machine)
+    result = bench.summarize_bench(tmp_path / "two", "mine", ("grpo", "dppo"), (1, 2, 3))
+    assert result["machine"] == "AMD (seeds 1, 2) | Intel (seed 3)"
+    assert "Machine: AMD (seeds 1, 2) | Intel (seed 3)." in bench.format_markdown(result)
 
 
 def test_machine_load_reads_the_load_average():

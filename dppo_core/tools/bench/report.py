@@ -273,7 +273,7 @@ def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int
         raise BenchError(f"runs not finished in {', '.join(missing)}; run the bench "
                          "(with --resume to keep the finished ones)")
     runs: dict[str, list[dict[str, Any]]] = {}
-    machine = None
+    machines: dict[str, list[int]] = {}  # each machine the runs name, with the seeds run on it
     for m in methods:
         for s in seeds:
             d = run_dir(output_dir, m, s)
@@ -284,12 +284,25 @@ def _finished_runs(output_dir: Path, methods: Sequence[str], seeds: Sequence[int
                 info = {**info, **{k: v for k, v in json.loads((t / "run.json").read_text()).items()
                                    if k in ("machine", "elapsed_s")}}
                 metrics = timed_metrics(metrics, read_jsonl(t / "metrics.jsonl"), f"{m} seed {s}")
-            machine = machine or info.get("machine")
+            if info.get("machine"):
+                on = machines.setdefault(info["machine"], [])
+                if s not in on:
+                    on.append(s)
             config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
             run = summarize_run(metrics, read_jsonl(d / "eval.jsonl"), config.get("max_grad_norm"))
             runs.setdefault(m, []).append({"method": m, "seed": s, "elapsed_s": info.get("elapsed_s"), **run,
                                            "step_time_spread": step_time_spread(metrics)})
-    return runs, machine
+    return runs, machines_and_seeds(machines)
+
+
+def machines_and_seeds(machines: Mapping[str, Sequence[int]]) -> str | None:
+    """One machine's description, or, where the runs name several (a bench resumed on another machine), each
+    with its seeds: a seed listed under two had runs on both, and its speedups compare times across
+    machines."""
+    if len(machines) <= 1:
+        return next(iter(machines), None)
+    return " | ".join(f"{m} (seed{'s' if len(on) > 1 else ''} {', '.join(map(str, sorted(on)))})"
+                      for m, on in machines.items())
 
 
 def write_bench(output_dir: str | Path, name: str | BenchPreset, methods: Sequence[str],
