@@ -35,6 +35,7 @@ from typing import Any
 
 from dppo_core.grouplog import informative, persistence, read_groups
 from dppo_core.tools.advise import advise
+from dppo_core.tools.bench.presets import BATCH_MATCHED
 from dppo_core.tools.bench.summary import _bootstrap_ratio, _t975, time_to_target
 
 #: (method, baseline): dense prompts and the rollout budget against the strong baseline at the full batch, the
@@ -170,13 +171,19 @@ def markdown(result: dict[str, Any]) -> str:
             f"({phases.get('rollout', 0):.1f}, {phases.get('update', 0):.1f}) | {row['tokens_trained']:,} |")
     lines += ["", "| method against baseline | accuracy | baseline's final | to 90% | to 95% |",
               "|---|---|---:|---:|---:|"]
+    marked = False
     for accuracy, pairs in result["speedups"].items():
         for name, e in pairs.items():
             if e.get("why_not"):
                 continue
             method, baseline = name.split(" vs ")
-            lines.append(f"| `{method}` against `{baseline}` | {accuracy} | {e['baseline_final']:.3f} | "
+            mark = " *" if BATCH_MATCHED.get(method, baseline) != baseline else ""
+            marked = marked or bool(mark)
+            lines.append(f"| `{method}`{mark} against `{baseline}` | {accuracy} | {e['baseline_final']:.3f} | "
                          f"{_interval(e['0.90'])} | {_interval(e['0.95'])} |")
+    if marked:
+        lines += ["", "`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller "
+                      "batch's; its own is against its batch-matched baseline (`grpo_skip_matched`)."]
     return "\n".join(lines) + "\n"
 
 

@@ -58,6 +58,28 @@ def test_the_bench_marks_the_methods_whose_plan_changes_the_objective():
     assert "(`offline_filter`) is not exact" in text and "dynamic_sampling" not in text
 
 
+def test_a_bench_from_before_the_marks_is_marked_by_its_methods():
+    """A bench.json written before rollout plans and the batch-matched baseline were recorded (no
+    ``rollout_plan`` in its configs, no ``batch_matched``): `†` from each method's plan today, `*` for a method
+    that rolls out fewer prompts per step than the baseline, and the note says its batch-matched baseline did not
+    run; no mark against its own batch-matched baseline."""
+    from dppo_core.tools.bench.tables import format_speedups_vs, format_target_sweep
+
+    configs = {m: {"pilot_size": 0} for m in ("grpo_skip", "dppo", "dppo_budget", "dapo_sampling")}
+    entry = {"time_to_target": 1.2, "ci95": [1.0, 1.4], "accuracy_at_equal_time": 0.6,
+             "by_target": {"0.95": {"time_to_target": 1.2, "ci95": [1.0, 1.4], "n": 3, "missed": 0}}}
+    old = {"configs": configs, "methods": dict.fromkeys(configs),
+           "speedup_vs": {"grpo_skip": dict.fromkeys(configs, entry)},
+           "target_sweep": {"grpo_skip": dict.fromkeys(configs, entry)}}
+    text = "\n".join(format_speedups_vs(old) + format_target_sweep(old))
+    assert text.count("| `dppo_budget` * |") == 2 and text.count("| `dapo_sampling` † |") == 2, text
+    assert "| `dppo` |" in text and "(`grpo_skip_matched`, not run in this bench)" in text
+    new = {**old, "methods": dict.fromkeys([*configs, "grpo_skip_matched"]),
+           "speedup_vs": {"grpo_skip_matched": {m: entry for m in ("grpo_skip_matched", "dppo_budget")}}}
+    text = "\n".join(format_speedups_vs(new))
+    assert "| `dppo_budget` |" in text and "*" not in text
+
+
 def test_the_pilot_count_is_read_in_four_modules_one_way():
     """``pilot_size`` from ``dppo train``: the config (its field, and ``plan``, the plan it resolves to through
     the registry), the config's checks and the pilot plan read it; what a run builds from the config (the

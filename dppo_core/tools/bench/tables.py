@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dppo_core.registry import ROLLOUT_PLANS, plan_name
-from dppo_core.tools.bench.presets import TARGET_FRACTION, BenchError
+from dppo_core.tools.bench.presets import BATCH_MATCHED, METHOD_OVERRIDES, TARGET_FRACTION, BenchError
 from dppo_core.tools.bench.report import timing_notes
 from dppo_core.tools.bench.summary import subset_scores
 
@@ -90,7 +90,8 @@ def format_markdown(result: Mapping[str, Any], command: str | None = None) -> st
         speedups = " / ".join(fmt(sp[k], ".2f", "x") for k in ("step_time", "wall", "time_to_target"))
         density = tokens["trained"] / max(1, tokens["row_capacity"])
         lines.append(
-            f"| `{name}` | {fmt(acc['after'])}{spread} | {ttt_text} | {m['step_time_s']['median']:.2f} s "
+            f"| `{name}`{_marks(result, name, ref)} | {fmt(acc['after'])}{spread} | {ttt_text} "
+            f"| {m['step_time_s']['median']:.2f} s "
             f"| {speedups} | {fmt(result['token_cost_bound'][name], '.2f', 'x')} "
             f"| {fmt(result['fraction_of_bound'][name], '.2f')} "
             f"| {tokens['generated']:,} | {tokens['trained']:,} | {density:.2f} |")
@@ -142,10 +143,9 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                 cells.append(_speedup_cell(e) + f" (n={e['n']}"
                              + (f", {e['missed']} missed)" if e["missed"] else ")"))
             acc = fmt(m["accuracy_at_equal_time"])
-            mark = _unmatched(name, ref, matched) + (" †" if name in changed else "")
-            lines.append(f"| `{name}`{mark} | " + " | ".join(cells) + f" | {acc} |")
+            lines.append(f"| `{name}`{_marks(result, name, ref)} | " + " | ".join(cells) + f" | {acc} |")
         if any(_unmatched(name, ref, matched) for name in table):
-            lines += ["", _UNMATCHED_NOTE]
+            lines += ["", _unmatched_note(result)]
         if shown := {name: plan for name, plan in changed.items() if name in table and name != ref}:
             lines += ["", "`†`: trains a changed objective: its rollout plan ("
                       + ", ".join(f"`{plan}`" for plan in sorted(set(shown.values())))
@@ -156,28 +156,41 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-_UNMATCHED_NOTE = ("`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller "
-                   "batch's, which every method can have; its own is against its batch-matched baseline "
-                   "(`grpo_skip_matched`).")
+def _unmatched_note(result: Mapping[str, Any]) -> str:
+    """What ``*`` means, and whether the batch-matched baseline ran in this bench."""
+    ran = set(BATCH_MATCHED.values()) & set(result.get("methods") or {})
+    return ("`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller "
+            "batch's, which every method can have; its own is against its batch-matched baseline "
+            "(`grpo_skip_matched`" + (")." if ran else ", not run in this bench)."))
 
 
 def changed_objective(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """The methods of ``configs`` (bench.json's) whose rollout plan is not exact in the registry (it trains
-    another objective than the full batch's: dynamic sampling, the offline filter), each with its plan."""
-    plans = {m: plan_name(c.get("rollout_plan", "auto"), c.get("pilot_size", 0)) for m, c in configs.items()}
+    another objective than the full batch's: dynamic sampling, the offline filter), each with its plan. A
+    configuration from before rollout plans were recorded (no ``rollout_plan``) has its method's plan."""
+    plans = {m: plan_name(c.get("rollout_plan", METHOD_OVERRIDES.get(m, {}).get("rollout_plan", "auto")),
+                          c.get("pilot_size", 0)) for m, c in configs.items()}
     return {m: p for m, p in plans.items() if p in ROLLOUT_PLANS and not ROLLOUT_PLANS[p].exact}
 
 
 def _unmatched(name: str, ref: str, matched: Mapping[str, str]) -> str:
     """`` *`` when ``name`` rolls out fewer prompts per step than ``ref`` (a batch-matched method against
-    another baseline than its own), else ``""``."""
-    return " *" if name in matched and matched[name] != ref else ""
+    another baseline than its own, whether or not that baseline ran: ``matched``, else
+    :data:`~dppo_core.tools.bench.presets.BATCH_MATCHED`), else ``""``."""
+    base = matched.get(name) or BATCH_MATCHED.get(name)
+    return " *" if base is not None and base != ref else ""
+
+
+def _marks(result: Mapping[str, Any], name: str, ref: str) -> str:
+    """`` *`` (:func:`_unmatched`) and `` †`` (:func:`changed_objective`) for ``name``'s row against
+    ``ref``."""
+    changed = changed_objective(result.get("configs") or {})
+    return _unmatched(name, ref, result.get("batch_matched") or {}) + (" †" if name in changed else "")
 
 
 def format_target_sweep(result: Mapping[str, Any]) -> list[str]:
     """Markdown tables of each speedup against the target fraction (``target_sweep``), per baseline."""
     lines: list[str] = []
-    matched = result.get("batch_matched") or {}
     for ref, table in (result.get("target_sweep") or {}).items():
         fractions = sorted({f for m in table.values() for f in m["by_target"]}, key=float)
         rows = [(name, m) for name, m in table.items() if name != ref]
@@ -194,7 +207,7 @@ def format_target_sweep(result: Mapping[str, Any]) -> list[str]:
             for f in fractions:
                 e = m["by_target"][f]
                 cells.append(_speedup_cell(e) + (f" ({e['missed']} missed)" if e["missed"] else ""))
-            lines.append(f"| `{name}`{_unmatched(name, ref, matched)} | " + " | ".join(cells) + " |")
+            lines.append(f"| `{name}`{_marks(result, name, ref)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -249,12 +262,9 @@ def format_intervals(result: Mapping[str, Any]) -> list[str]:
                       "ratios, seeds with a ratio (a seed where either run missed the target has none).", "",
                   "| method | median step | training time | time to target (interpolated crossing) |",
                   "|---|---|---|---|"]
-        matched = result.get("batch_matched") or {}
-        changed = changed_objective(result.get("configs") or {})
         for name, m in table.items():
             if name != ref:
-                mark = _unmatched(name, ref, matched) + (" †" if name in changed else "")
-                lines.append(f"| `{name}`{mark} | {_interval(m['step_time'])} "
+                lines.append(f"| `{name}`{_marks(result, name, ref)} | {_interval(m['step_time'])} "
                              f"| {_interval(m['wall'])} | {_interval(m['time_to_target'])} |")
     return lines
 
