@@ -35,8 +35,8 @@ from typing import Any
 
 from dppo_core.grouplog import informative, persistence, read_groups
 from dppo_core.tools.advise import advise
-from dppo_core.tools.bench.presets import BATCH_MATCHED
 from dppo_core.tools.bench.summary import _bootstrap_ratio, _t975, time_to_target
+from dppo_core.tools.bench.tables import unmatched_mark, unmatched_note
 
 #: (method, baseline): dense prompts and the rollout budget against the strong baseline at the full batch, the
 #: rollout budget against the batch-matched one, and the smaller batch's own gain.
@@ -144,7 +144,7 @@ def summarize(bench_dir: Path, replay: bool = True) -> dict[str, Any]:
 
 def _interval(entry: dict[str, Any]) -> str:
     """One target's cell: the speedup, the t-interval on the per-seed log ratios, then the bootstrap interval over
-    seed pairs (with three seeds the bootstrap's spans little more than the seeds' range; the t-interval is the
+    seed pairs (with a few seeds the bootstrap's spans little more than the seeds' range; the t-interval is the
     wider, honest one), and the seeds that missed or started there."""
     if entry.get("speedup") is None:
         return "never reached"
@@ -177,13 +177,12 @@ def markdown(result: dict[str, Any]) -> str:
             if e.get("why_not"):
                 continue
             method, baseline = name.split(" vs ")
-            mark = " *" if BATCH_MATCHED.get(method, baseline) != baseline else ""
+            mark = unmatched_mark(method, baseline)
             marked = marked or bool(mark)
             lines.append(f"| `{method}`{mark} against `{baseline}` | {accuracy} | {e['baseline_final']:.3f} | "
                          f"{_interval(e['0.90'])} | {_interval(e['0.95'])} |")
     if marked:
-        lines += ["", "`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller "
-                      "batch's; its own is against its batch-matched baseline (`grpo_skip_matched`)."]
+        lines += ["", unmatched_note(result)]
     return "\n".join(lines) + "\n"
 
 

@@ -46,9 +46,6 @@ from dppo_core.tools.bench.summary import accuracy_at_time
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_lr import score  # noqa: E402  (the same score as the rate tuning: one rule)
 
-#: cpu-baselines' batch, steps and evaluation interval (a preset's own: :func:`base_budget`).
-BASE_BATCH, BASE_STEPS, BASE_EVAL = 32, 60, 10
-
 
 def setting(batch: int, lr: float) -> str:
     return f"b{batch}-lr{lr:g}"
@@ -60,8 +57,9 @@ def base_budget(preset) -> tuple[int, int, int]:
     return config.prompts_per_step, config.max_steps, config.eval_steps
 
 
-def overrides(batch: int, lr: float, base: tuple[int, int, int] = (BASE_BATCH, BASE_STEPS, BASE_EVAL)) -> list[str]:
-    """What a grid point sets on the preset: the batch, the equal-data step budget and evaluation, the rate."""
+def overrides(batch: int, lr: float, base: tuple[int, int, int]) -> list[str]:
+    """What a grid point sets on the preset: the batch, the equal-data step budget and evaluation (``base``: the
+    preset's own, :func:`base_budget`), the rate."""
     base_batch, base_steps, base_eval = base
     if (base_batch * base_steps) % batch or (base_batch * base_eval) % batch:
         raise SystemExit(f"--batches: {batch} does not divide {base_batch * base_eval}; choose a divisor so that "

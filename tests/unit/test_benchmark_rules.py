@@ -28,10 +28,11 @@ def _run(score, wall, curve):
 
 
 def test_equal_data_overrides_and_a_batch_that_does_not_divide():
-    assert tune_batch.overrides(16, 1e-4) == ["prompts_per_step=16", "max_steps=120", "eval_steps=20",
-                                              "learning_rate=0.0001"]
+    cpu_baselines = (32, 60, 10)  # its batch, steps and evaluation interval
+    assert tune_batch.overrides(16, 1e-4, cpu_baselines) == ["prompts_per_step=16", "max_steps=120", "eval_steps=20",
+                                                             "learning_rate=0.0001"]
     with pytest.raises(SystemExit, match="does not divide"):
-        tune_batch.overrides(7, 1e-4)
+        tune_batch.overrides(7, 1e-4, cpu_baselines)
 
 
 def test_equal_data_follows_the_presets_own_budget():

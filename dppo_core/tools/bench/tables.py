@@ -144,8 +144,8 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
                              + (f", {e['missed']} missed)" if e["missed"] else ")"))
             acc = fmt(m["accuracy_at_equal_time"])
             lines.append(f"| `{name}`{_marks(result, name, ref)} | " + " | ".join(cells) + f" | {acc} |")
-        if any(_unmatched(name, ref, matched) for name in table):
-            lines += ["", _unmatched_note(result)]
+        if any(unmatched_mark(name, ref, matched) for name in table):
+            lines += ["", unmatched_note(result)]
         if shown := {name: plan for name, plan in changed.items() if name in table and name != ref}:
             lines += ["", "`†`: trains a changed objective: its rollout plan ("
                       + ", ".join(f"`{plan}`" for plan in sorted(set(shown.values())))
@@ -156,7 +156,7 @@ def format_speedups_vs(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _unmatched_note(result: Mapping[str, Any]) -> str:
+def unmatched_note(result: Mapping[str, Any]) -> str:
     """What ``*`` means, and whether the batch-matched baseline ran in this bench."""
     ran = set(BATCH_MATCHED.values()) & set(result.get("methods") or {})
     return ("`*`: rolls out fewer prompts per step than this baseline: part of its gain is a smaller "
@@ -173,19 +173,19 @@ def changed_objective(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str
     return {m: p for m, p in plans.items() if p in ROLLOUT_PLANS and not ROLLOUT_PLANS[p].exact}
 
 
-def _unmatched(name: str, ref: str, matched: Mapping[str, str]) -> str:
+def unmatched_mark(name: str, ref: str, matched: Mapping[str, str] | None = None) -> str:
     """`` *`` when ``name`` rolls out fewer prompts per step than ``ref`` (a batch-matched method against
     another baseline than its own, whether or not that baseline ran: ``matched``, else
     :data:`~dppo_core.tools.bench.presets.BATCH_MATCHED`), else ``""``."""
-    base = matched.get(name) or BATCH_MATCHED.get(name)
+    base = (matched or {}).get(name) or BATCH_MATCHED.get(name)
     return " *" if base is not None and base != ref else ""
 
 
 def _marks(result: Mapping[str, Any], name: str, ref: str) -> str:
-    """`` *`` (:func:`_unmatched`) and `` †`` (:func:`changed_objective`) for ``name``'s row against
+    """`` *`` (:func:`unmatched_mark`) and `` †`` (:func:`changed_objective`) for ``name``'s row against
     ``ref``."""
     changed = changed_objective(result.get("configs") or {})
-    return _unmatched(name, ref, result.get("batch_matched") or {}) + (" †" if name in changed else "")
+    return unmatched_mark(name, ref, result.get("batch_matched") or {}) + (" †" if name in changed else "")
 
 
 def format_target_sweep(result: Mapping[str, Any]) -> list[str]:
